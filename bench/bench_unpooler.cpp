@@ -1,0 +1,140 @@
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <memory>
+
+#include "benches.h"
+#include "cublas_gemm.h"
+#include "harness.h"
+#include "spark_decode/error.h"
+#include "spark_decode/model_shape.h"
+#include "spark_decode/unpooler.h"
+
+namespace spark_decode::bench {
+namespace {
+
+// `copies` distinct [n, k] weights in one allocation, and an Unpooler per
+// copy (they share the kernel; construction allocates nothing).
+struct ColdWeights {
+  int n, k, copies;
+  DeviceMemory memory;
+  ColdWeights(int n_, int k_)
+      : n(n_), k(k_), copies(cold_copies(size_t{2} * n_ * k_)), memory(size_t{2} * n_ * k_ * copies) {
+    fill_random_bf16(memory.get(), static_cast<size_t>(n) * k * copies, 0x5eed0000ull + n);
+    CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  const void* copy(int i) const { return memory.as<char>() + size_t{2} * n * k * i; }
+  TensorRef ref(int i) const {
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    return TensorRef::contiguous(copy(i), DType::bf16, {n, k}, dev);
+  }
+  std::vector<Unpooler> unpoolers(Unpooler::Options options) const {
+    std::vector<Unpooler> u;
+    u.reserve(copies);
+    for (int i = 0; i < copies; ++i) u.emplace_back(ref(i), options);
+    return u;
+  }
+};
+
+double floor_us(size_t bytes, double tbps) { return bytes / (tbps * 1e12) * 1e6; }
+
+}  // namespace
+
+std::string bench_unpooler(const UnpoolerBenchOptions& o) {
+  Report report = new_report();
+  report.hbm_read_TBps = measure_hbm_read_TBps();
+  std::printf("HBM read: %.2f TB/s\n", report.hbm_read_TBps);
+  cudaStream_t stream;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const int k = kMuseSpark.pooled;
+  DeviceMemory x(size_t{2} * kUnpoolerMaxM * k), out(size_t{2} * kUnpoolerMaxM * kMuseSpark.hidden);
+  fill_random_bf16(x.get(), size_t{kUnpoolerMaxM} * k, 7);
+  for (int tp : o.tps) {
+    const int n = kMuseSpark.hidden / tp;
+    ColdWeights weights(n, k);
+    const double floor = floor_us(size_t{2} * n * k, report.hbm_read_TBps);
+    std::vector<const void*> copies;
+    for (int i = 0; i < weights.copies; ++i) copies.push_back(weights.copy(i));
+    Unpooler::Options plain, pdl;
+    plain.enable_pdl = false;
+    pdl.enable_pdl = true;
+    auto ours = weights.unpoolers(plain);
+    auto ours_pdl = weights.unpoolers(pdl);
+    std::printf("tp %d: N=%d K=%d, %d cold copies, tactic %s, floor %.2f us\n", tp, n, k, weights.copies,
+                ours[0].tactic().to_string().c_str(), floor);
+    for (int m : o.ms) {
+      CublasGemm blas(m, n, k);
+      const double blas_us = blas.pick_fastest(copies, x.get(), out.get(), o.repeats, stream);
+      auto time_ours = [&](std::vector<Unpooler>& u) {
+        return time_graph([&](cudaStream_t s, int c) { u[c].run(x.get(), out.get(), m, s); }, weights.copies,
+                          o.repeats, stream);
+      };
+      const double g = time_ours(ours), c = time_ours(ours_pdl);
+      report.records.push_back({"unpooler", "spark", "", "graph", tp, m, n, k, g, floor});
+      report.records.push_back({"unpooler", "spark", "", "pdl_chain", tp, m, n, k, c, floor});
+      report.records.push_back({"unpooler", "cublas", "", "graph", tp, m, n, k, blas_us, floor});
+      std::printf("  m=%2d  spark graph %6.2f us  pdl_chain %6.2f us  cublas %6.2f us (%s)  -> %.2fx, %.0f%% of floor\n",
+                  m, g, c, blas_us, blas.algo_description().c_str(), blas_us / g, 100 * floor / g);
+    }
+  }
+  CUDA_CHECK(cudaStreamDestroy(stream));
+  report.notes.push_back("graph: CUDA graph of one call per cold weight copy, PDL off; pdl_chain: the same with "
+                         "programmatic dependent launch on; cublas: the fastest cuBLASLt heuristic candidate, "
+                         "timed the same way.");
+  report.notes.push_back(format_unpooler_tactic_table());
+  return report.write(o.out_dir, "unpooler_" + report.date);
+}
+
+std::string tune_unpooler(const UnpoolerBenchOptions& o) {
+  Report report = new_report();
+  report.hbm_read_TBps = measure_hbm_read_TBps();
+  cudaStream_t stream;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const int k = kMuseSpark.pooled;
+  DeviceMemory x(size_t{2} * kUnpoolerMaxM * k), out(size_t{2} * kUnpoolerMaxM * kMuseSpark.hidden);
+  fill_random_bf16(x.get(), size_t{kUnpoolerMaxM} * k, 7);
+  for (int tp : o.tps) {
+    const int n = kMuseSpark.hidden / tp;
+    ColdWeights weights(n, k);
+    const double floor = floor_us(size_t{2} * n * k, report.hbm_read_TBps);
+    std::multimap<double, std::string> ranking;
+    for (int s : {1, 2, 4, 8})
+      for (int kw : kUnpoolerKws)
+        for (int accs : {1, 2, 4}) {
+          if (launch_unsupported(n, k, s, kw, accs)) continue;
+          UnpoolerTactic t;
+          t.splits = s;
+          t.kw = kw;
+          t.accs = accs;
+          Unpooler::Options opt;
+          opt.enable_pdl = false;
+          opt.tactic = t;
+          auto u = weights.unpoolers(opt);
+          double sum = 0;
+          std::string line;
+          for (int m : o.ms) {
+            const double us = time_graph([&](cudaStream_t st, int c) { u[c].run(x.get(), out.get(), m, st); },
+                                         weights.copies, o.repeats, stream);
+            report.records.push_back({"unpooler", "spark", t.to_string(), "graph", tp, m, n, k, us, floor});
+            sum += us;
+            char buf[64];
+            std::snprintf(buf, sizeof buf, " m%d=%.2f", m, us);
+            line += buf;
+          }
+          ranking.emplace(sum / o.ms.size(), t.to_string() + line);
+        }
+    std::printf("tp %d (N=%d, floor %.2f us): tactics by mean us over m\n", tp, n, floor);
+    int shown = 0;
+    for (const auto& [mean, text] : ranking) {
+      std::printf("  %6.2f  %s\n", mean, text.c_str());
+      if (++shown == 8) break;
+    }
+  }
+  CUDA_CHECK(cudaStreamDestroy(stream));
+  return report.write(o.out_dir, "unpooler_tune_" + report.date);
+}
+
+}  // namespace spark_decode::bench

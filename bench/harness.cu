@@ -1,0 +1,116 @@
+#include "harness.h"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "spark_decode/error.h"
+
+namespace spark_decode::bench {
+namespace {
+
+// One 16-byte load per thread per iteration, grid-stride; the XOR keeps the
+// loads live without a store per element.
+__global__ void read_kernel(const uint4* __restrict__ p, size_t n, uint32_t* sink) {
+  uint32_t acc = 0;
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
+    const uint4 v = p[i];
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;  // practically never; keeps acc alive
+}
+
+__global__ void fill_kernel(__nv_bfloat16* p, size_t n, uint64_t seed) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
+    // Two rounds of a 64-bit mix, then Box-Muller from two 24-bit uniforms.
+    uint64_t z = seed + i * 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    const float u1 = ((z >> 40) + 1) * (1.0f / 16777217.0f);
+    const float u2 = ((z >> 16) & 0xffffff) * (1.0f / 16777216.0f);
+    p[i] = __float2bfloat16_rn(sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2));
+  }
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+DeviceMemory::DeviceMemory(size_t bytes) { CUDA_CHECK(cudaMalloc(&p_, bytes)); }
+DeviceMemory::~DeviceMemory() {
+  if (p_) cudaFree(p_);
+}
+
+void fill_random_bf16(void* p, size_t count, uint64_t seed, cudaStream_t stream) {
+  fill_kernel<<<1024, 256, 0, stream>>>(static_cast<__nv_bfloat16*>(p), count, seed);
+  SPARK_CHECK_LAUNCH();
+}
+
+double measure_hbm_read_TBps(size_t bytes, int repeats) {
+  DeviceMemory buf(bytes), sink(4);
+  CUDA_CHECK(cudaMemset(buf.get(), 1, bytes));
+  int sms = 0, dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  cudaEvent_t a, b;
+  CUDA_CHECK(cudaEventCreate(&a));
+  CUDA_CHECK(cudaEventCreate(&b));
+  std::vector<double> tbps;
+  for (int r = 0; r < repeats + 2; ++r) {
+    CUDA_CHECK(cudaEventRecord(a));
+    read_kernel<<<sms * 4, 512>>>(buf.as<uint4>(), bytes / 16, sink.as<uint32_t>());
+    SPARK_CHECK_LAUNCH();
+    CUDA_CHECK(cudaEventRecord(b));
+    CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    if (r >= 2) tbps.push_back(bytes / (ms * 1e-3) / 1e12);
+  }
+  CUDA_CHECK(cudaEventDestroy(a));
+  CUDA_CHECK(cudaEventDestroy(b));
+  return median(tbps);
+}
+
+int cold_copies(size_t bytes_per_copy, int min_calls) {
+  int dev = 0, l2 = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
+  const size_t need = size_t{4} * static_cast<size_t>(l2) / std::max<size_t>(bytes_per_copy, 1) + 1;
+  return std::max<int>(min_calls, static_cast<int>(need));
+}
+
+double time_graph(const std::function<void(cudaStream_t, int)>& enqueue, int calls, int repeats,
+                  cudaStream_t stream) {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < calls; ++i) enqueue(stream, i);
+  CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t a, b;
+  CUDA_CHECK(cudaEventCreate(&a));
+  CUDA_CHECK(cudaEventCreate(&b));
+  std::vector<double> us;
+  for (int r = 0; r < repeats + 3; ++r) {
+    CUDA_CHECK(cudaEventRecord(a, stream));
+    CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    CUDA_CHECK(cudaEventRecord(b, stream));
+    CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    if (r >= 3) us.push_back(ms * 1e3 / calls);
+  }
+  CUDA_CHECK(cudaEventDestroy(a));
+  CUDA_CHECK(cudaEventDestroy(b));
+  CUDA_CHECK(cudaGraphExecDestroy(exec));
+  CUDA_CHECK(cudaGraphDestroy(graph));
+  return median(us);
+}
+
+}  // namespace spark_decode::bench

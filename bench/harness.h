@@ -1,0 +1,69 @@
+// The benchmark method of SPEC §7, shared by every `spark-decode bench`:
+// CUDA events over CUDA-graph replays, distinct weights per call so that L2
+// is cold, the median of repeats, and the HBM read bandwidth measured in the
+// same run for the floor.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace spark_decode::bench {
+
+struct Record {
+  std::string op, impl, variant, mode;
+  int tp = 1, m = 0, n = 0, k = 0;
+  double us = 0, floor_us = 0;
+};
+
+struct Report {
+  std::string gpu, date, commit;
+  double hbm_read_TBps = 0;
+  std::vector<Record> records;
+  std::vector<std::string> notes;  // printed under the markdown table
+
+  // Writes <dir>/<stem>.json and <dir>/<stem>.md; returns the JSON path.
+  std::string write(const std::string& dir, const std::string& stem) const;
+  std::string markdown() const;
+};
+
+// Streams `bytes` of device memory through a read-only kernel; the median
+// of `repeats` in TB/s (10^12 bytes per second).
+double measure_hbm_read_TBps(size_t bytes = size_t{4} << 30, int repeats = 20);
+
+// How many distinct weight copies a benchmark rotates through: at least
+// `min_calls`, and together more than 4x the L2 so no call finds its
+// weights cached.
+int cold_copies(size_t bytes_per_copy, int min_calls = 62);
+
+// Captures `calls` consecutive enqueue(stream, i) into one graph, replays it
+// `repeats` times (after warm-up) and returns the median microseconds per
+// call (replay time / calls).
+double time_graph(const std::function<void(cudaStream_t, int)>& enqueue, int calls, int repeats,
+                  cudaStream_t stream);
+
+// Device name, today's date, and the commit (SPARK_DECODE_COMMIT, else the
+// configure-time git hash).
+Report new_report();
+
+// A device allocation freed at scope exit.
+class DeviceMemory {
+ public:
+  explicit DeviceMemory(size_t bytes);
+  ~DeviceMemory();
+  DeviceMemory(DeviceMemory&& o) noexcept : p_(o.p_) { o.p_ = nullptr; }
+  DeviceMemory(const DeviceMemory&) = delete;
+  void* get() const { return p_; }
+  template <typename T>
+  T* as() const { return static_cast<T*>(p_); }
+
+ private:
+  void* p_ = nullptr;
+};
+
+// Fills `count` BF16 at `p` with N(0,1) draws (device-side, fast).
+void fill_random_bf16(void* p, size_t count, uint64_t seed, cudaStream_t stream = nullptr);
+
+}  // namespace spark_decode::bench

@@ -1,0 +1,1 @@
+# Tests of the rendezvous, symmetric memory and mailbox (issue 3).

@@ -1,0 +1,134 @@
+// spark_decode/unpooler.h: the decode-time unpooler GEMM of one TP rank.
+//
+//   out[m, N] = x[m, K] @ W[N, K]^T      BF16 in and out, FP32 accumulation
+//
+// W is this rank's [N, K] shard of the replicated [H, K] unpooler weight
+// (N = H / tp, K = P); 1 <= m <= 16 decode tokens.
+//
+// Requirements (checked; a violation throws InvalidArgument and launches
+// nothing):
+//   W    BF16, 2-D, contiguous, 16-byte aligned, N % 16 == 0, on a device of
+//        compute capability 9.0 or newer (RuntimeError below that);
+//   x    BF16 [m, K] contiguous, 16-byte aligned, same device;
+//   out  BF16 [m, N] contiguous, 16-byte aligned, same device; may not alias x.
+//   The tactic: K = S * warps * kw with S in {1, 2, 4, 8}, 1 <= warps <= 32,
+//   kw one of the compiled widths, accs in {1, 2, 4}.
+//
+// Semantics: out = bf16_rne(sum_k x * w) with FP32 accumulation in an order
+// fixed by (N, K, tactic, token tile) alone, so results are bitwise
+// reproducible and batch invariant (a row's result does not depend on the
+// other rows of the batch).
+//
+// What run() may not do: allocate, synchronise, or prepare a kernel under
+// CUDA graph capture. It is capturable; it reads W before waiting on the
+// previous grid (programmatic dependent launch) and x only after.
+#pragma once
+
+#include <array>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "spark_decode/types.h"
+
+namespace spark_decode {
+
+// Rows of W per CTA (the MMA's M) and K per 16-byte load step of a lane quad.
+inline constexpr int kUnpoolerTileN = 16;
+inline constexpr int kUnpoolerBlockK = 32;
+inline constexpr int kUnpoolerMaxM = 16;
+// The K-per-warp widths with a compiled kernel, and the most warps each can
+// run per CTA: a warp holds its whole weight slice in registers (kw / 4 of
+// them per thread), so wider slices leave room for fewer threads.
+inline constexpr std::array<int, 3> kUnpoolerKws = {64, 128, 256};
+int unpooler_max_warps(int kw);
+
+// Launch shape of the unpooler GEMM.
+struct UnpoolerTactic {
+  int splits = 1;  // S: CTAs of one cluster splitting K
+  int kw = 256;    // consecutive K per warp
+  int accs = 2;    // independent accumulator sets per warp
+  // token_tile[m - 1]: the token tile (8 or 16) that serves a batch of m.
+  std::array<int, kUnpoolerMaxM> token_tile = {8, 8, 8, 8, 8, 8, 8, 8,
+                                               16, 16, 16, 16, 16, 16, 16, 16};
+
+  int warps(int k) const { return k / (splits * kw); }
+  std::string to_string() const;
+  bool operator==(const UnpoolerTactic&) const = default;
+};
+
+// One row of the tactic table: the launch shape measured fastest for [n, k].
+struct UnpoolerTacticEntry {
+  int n, k;
+  UnpoolerTactic tactic;
+  const char* measured;  // where and how the choice was measured
+};
+
+// The tactic table for the model's shapes.
+const std::vector<UnpoolerTacticEntry>& unpooler_tactic_table();
+// The table's tactic for [n, k], or a valid default for other shapes (a
+// shape no tactic can run gets one whose launch_unsupported() says why).
+UnpoolerTactic unpooler_tactic(int n, int k);
+// The table as text, one shape per line, for logs.
+std::string format_unpooler_tactic_table();
+
+// Why no kernel launches for an [n, k] weight with K split over `splits`
+// CTAs, `kw` K per warp and `accs` accumulators, or nullopt.
+std::optional<std::string> launch_unsupported(int n, int k, int splits, int kw, int accs);
+// The same, plus the token tiles: each must be 8 or 16 and cover its m.
+std::optional<std::string> launch_unsupported(int n, int k, const UnpoolerTactic& tactic);
+
+class Unpooler {
+ public:
+  struct Options {
+    bool enable_pdl = true;
+    std::optional<UnpoolerTactic> tactic;  // default: unpooler_tactic(N, K)
+    // Row counts whose token tiles are prepared at construction (default:
+    // all of 1..16). run() with another m prepares its tile then, which it
+    // refuses under CUDA graph capture.
+    std::vector<int> rows;
+  };
+
+  // weight: this rank's [N, K] shard (a view; it must outlive the Unpooler).
+  explicit Unpooler(const TensorRef& weight, Options options);
+  explicit Unpooler(const TensorRef& weight) : Unpooler(weight, Options{}) {}
+
+  // Rows [rank N, (rank + 1) N) of a replicated [H, K] weight, N = H / tp.
+  static Unpooler from_moe(const TensorRef& full_weight, int tp, int rank, Options options);
+  static Unpooler from_moe(const TensorRef& full_weight, int tp, int rank) {
+    return from_moe(full_weight, tp, rank, Options{});
+  }
+
+  // Why the GEMM cannot take `weight` at `tactic`, or nullopt: the
+  // constructor's checks, which it raises as InvalidArgument.
+  static std::optional<std::string> unsupported(const TensorRef& weight,
+                                                const UnpoolerTactic& tactic);
+  static std::optional<std::string> unsupported(const TensorRef& weight);
+
+  // out[m, N] = x[m, K] @ W^T on `stream`. x and out are device pointers to
+  // contiguous BF16 rows. Enqueues one kernel; see the file comment.
+  void run(const void* x, void* out, int m, cudaStream_t stream);
+  void run(const TensorRef& x, const TensorRef& out, cudaStream_t stream);
+
+  int n() const { return n_; }
+  int k() const { return k_; }
+  int max_m() const { return kUnpoolerMaxM; }
+  int device() const { return device_; }
+  bool enable_pdl() const { return enable_pdl_; }
+  const UnpoolerTactic& tactic() const { return tactic_; }
+  // Which token tiles are prepared (index 0: tile 8, 1: tile 16).
+  std::array<bool, 2> prepared_tiles() const { return prepared_; }
+
+ private:
+  void prepare_tile(int tile);
+
+  const void* weight_;
+  int n_, k_, device_;
+  bool enable_pdl_;
+  UnpoolerTactic tactic_;
+  std::array<bool, 2> prepared_{};
+};
+
+}  // namespace spark_decode

@@ -1,0 +1,146 @@
+// The PTX the kernels use, each wrapper named by what it guarantees.
+//
+// Every memory-ordering instruction of the library lives here, so that a
+// reader can check the protocol's orderings in one place. The rules:
+//   *_relaxed_*   atomic at that scope, no ordering with other accesses;
+//   *_acquire_*   later accesses of this thread cannot move before it;
+//   *_release_*   earlier accesses of this thread cannot move after it;
+//   *_sys         scope .sys: other GPUs (peer-mapped memory over NVLink)
+//                 and the host observe the access;
+//   *_gpu         scope .gpu: this device only.
+// Plain loads and stores (ld_stream_*) carry no ordering at all.
+#pragma once
+
+#include <cstdint>
+#include <cuda_bf16.h>
+
+namespace spark_decode::ptx {
+
+// ---- programmatic dependent launch ---------------------------------------
+// Both are no-ops when the kernel was launched without the PDL attribute, so
+// kernels call them unconditionally.
+
+// Blocks until every grid this one depends on has completed and its memory
+// is visible. Nothing this grid reads that a predecessor writes may be read
+// before it.
+__device__ __forceinline__ void griddep_wait() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+
+// Lets the dependent grid start launching (its pre-wait prologue may then
+// overlap our tail). Has no effect on memory visibility: the dependent's
+// griddep_wait still waits for this whole grid to finish.
+__device__ __forceinline__ void griddep_launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+// ---- streaming loads -----------------------------------------------------
+
+// An L2 policy that marks lines first to leave L2 (streamed weights).
+__device__ __forceinline__ uint64_t l2_policy_evict_first() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+
+// 16 bytes of read-only data read once (weights): through the non-coherent
+// path, not kept in L1, and first to leave L2 under `policy`, so that weights
+// streaming past do not evict the small activations every CTA re-reads. Only
+// for data no grid writes while this one runs.
+__device__ __forceinline__ uint4 ld_stream_v4(const void* ptr, uint64_t policy) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(ptr), "l"(policy));
+  return v;
+}
+
+// 16 bytes written by an earlier grid (activations): coherent path, so it
+// is safe after griddep_wait even when the producer ran on this SM.
+__device__ __forceinline__ uint4 ld_v4(const void* ptr) {
+  uint4 v;
+  asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(ptr)
+               : "memory");
+  return v;
+}
+
+// ---- memory-ordering wrappers (system scope: peers over NVLink) -----------
+
+__device__ __forceinline__ uint32_t ld_relaxed_sys_u32(const uint32_t* ptr) {
+  uint32_t v;
+  asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(ptr) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ uint32_t ld_acquire_sys_u32(const uint32_t* ptr) {
+  uint32_t v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(ptr) : "memory");
+  return v;
+}
+
+// 16 bytes, each 4-byte word single-copy atomic at system scope: a poller
+// never sees a torn 32-bit word (a torn 16-byte vector is fine: it checks
+// every BF16 lane for the sentinel).
+__device__ __forceinline__ uint4 ld_volatile_v4(const void* ptr) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(ptr)
+               : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void st_relaxed_sys_u32(uint32_t* ptr, uint32_t v) {
+  asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(ptr), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ void st_release_sys_u32(uint32_t* ptr, uint32_t v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(ptr), "r"(v) : "memory");
+}
+
+// 16 bytes to (possibly peer) global memory, each word written once: the
+// poller tests every lane, so no ordering between the words is needed.
+__device__ __forceinline__ void st_volatile_v4(void* ptr, uint4 v) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1,%2,%3,%4};" ::"l"(ptr), "r"(v.x),
+               "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
+__device__ __forceinline__ void st_v4(void* ptr, uint4 v) {
+  asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};" ::"l"(ptr), "r"(v.x), "r"(v.y),
+               "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
+// Orders this thread's earlier memory accesses before its later ones as
+// seen from every GPU and the host.
+__device__ __forceinline__ void fence_acq_rel_sys() {
+  asm volatile("fence.acq_rel.sys;" ::: "memory");
+}
+
+__device__ __forceinline__ uint64_t globaltimer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// ---- tensor cores -----------------------------------------------------------
+
+// D = A(16x16, row) * B(16x8, col) + D, BF16 in, FP32 accumulate.
+// Fragment ownership for lane (g = lane / 4, t = lane % 4):
+//   a[0]: A[g][2t..2t+1]     a[1]: A[g+8][2t..2t+1]
+//   a[2]: A[g][2t+8..2t+9]   a[3]: A[g+8][2t+8..2t+9]
+//   b[0]: B[2t..2t+1][g]     b[1]: B[2t+8..2t+9][g]
+//   d[0..1]: D[g][2t..2t+1]  d[2..3]: D[g+8][2t..2t+1]
+__device__ __forceinline__ void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4],
+                                                  uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+}  // namespace spark_decode::ptx

@@ -1,0 +1,145 @@
+// The unpooler GEMM kernel: out[m, N] = x[m, K] @ W[N, K]^T for m <= 16.
+//
+// Grid (N / 16, S), cluster (1, S, 1). CTA (t, s) owns output features
+// [16t, 16t + 16) and the K slice [s K / S, (s + 1) K / S); warp w of it owns
+// the KW consecutive K starting at s K / S + w KW.
+//
+// Why this shape: at m <= 16 the GEMM is a pure weight stream (16 bytes of W
+// per 2..32 FLOP), so the kernel's only job is to keep enough weight bytes in
+// flight. Each lane issues all of its weight loads (KW / 4 registers) before
+// anything else, ahead of griddepcontrol.wait, so with programmatic dependent
+// launch the whole weight read overlaps the previous kernel's tail. No shared
+// memory staging: operands go from global memory straight into the
+// registers mma.sync reads.
+//
+// The K permutation: an m16n8k16 MMA sums 16 K per step in an order the
+// hardware fixes, and the sum does not care which physical K sits in which
+// logical slot as long as A and B agree. Lane (g, t) loads 8 consecutive K of
+// weight rows g and g + 8 and of token g as one 16-byte vector each, and
+// feeds K [8t, 8t + 4) of the vector to one MMA step and [8t + 4, 8t + 8) to
+// the next: fully coalesced 16-byte loads, no shuffles.
+//
+// Determinism: every output is reduced in one fixed order: the warp's MMA
+// steps in K order into accumulator set step % ACCS, the sets summed 0..ACCS-1,
+// then the S * warps warp partials summed in K order by cluster rank 0. The
+// order depends on (N, K, S, KW, ACCS) only; a token's column of an MMA never
+// mixes with another token's, so a row's result does not depend on the batch.
+#pragma once
+
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+
+#include "kernels/common/ptx.cuh"
+#include "kernels/unpooler/unpooler_config.h"
+
+namespace spark_decode::kernels {
+
+struct UnpoolerArgs {
+  const __nv_bfloat16* w;  // [N, K]
+  const __nv_bfloat16* x;  // [m, K]
+  __nv_bfloat16* out;      // [m, N]
+  int n, k, m;
+};
+
+__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+template <int KW, int ACCS, int TILE>
+__global__ void __launch_bounds__(unpooler_max_threads(KW))
+    unpooler_kernel(const UnpoolerArgs args) {
+  constexpr int kVecs = KW / kUnpoolerBlockK;  // 16-byte vectors per row per lane
+  constexpr int kSteps = 2 * kVecs;            // m16n8k16 steps per warp
+  constexpr int kNt = TILE / 8;                // n8 MMAs per step
+  static_assert(KW % kUnpoolerBlockK == 0 && kSteps % ACCS == 0);
+  static_assert(TILE == 8 || TILE == 16);
+  extern __shared__ float partials[];  // [S * warps][TILE][16]
+
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int warps = blockDim.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int split = blockIdx.y, splits = gridDim.y;
+  const int k_begin = split * (args.k / splits) + warp * KW + t * 8;
+  const int feature0 = blockIdx.x * kUnpoolerTileN;
+
+  // Weights first: they do not depend on the previous grid.
+  const __nv_bfloat16* w_lo = args.w + static_cast<size_t>(feature0 + g) * args.k + k_begin;
+  const __nv_bfloat16* w_hi = w_lo + static_cast<size_t>(8) * args.k;
+  const uint64_t policy = ptx::l2_policy_evict_first();
+  uint4 wa[kVecs], wb[kVecs];
+#pragma unroll
+  for (int v = 0; v < kVecs; ++v) {
+    wa[v] = ptx::ld_stream_v4(w_lo + v * kUnpoolerBlockK, policy);
+    wb[v] = ptx::ld_stream_v4(w_hi + v * kUnpoolerBlockK, policy);
+  }
+
+  // x is written by the previous grid.
+  ptx::griddep_wait();
+  ptx::griddep_launch_dependents();
+
+  float acc[ACCS][kNt][4];
+#pragma unroll
+  for (int a = 0; a < ACCS; ++a)
+#pragma unroll
+    for (int nt = 0; nt < kNt; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[a][nt][i] = 0.0f;
+
+#pragma unroll
+  for (int v = 0; v < kVecs; ++v) {
+    uint4 xv[kNt];
+#pragma unroll
+    for (int nt = 0; nt < kNt; ++nt) {
+      const int token = nt * 8 + g;
+      xv[nt] = token < args.m
+                   ? ptx::ld_v4(args.x + static_cast<size_t>(token) * args.k + k_begin +
+                                v * kUnpoolerBlockK)
+                   : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t a[4] = {word(wa[v], 2 * h), word(wb[v], 2 * h), word(wa[v], 2 * h + 1),
+                             word(wb[v], 2 * h + 1)};
+#pragma unroll
+      for (int nt = 0; nt < kNt; ++nt)
+        ptx::mma_m16n8k16_bf16(acc[(2 * v + h) % ACCS][nt], a, word(xv[nt], 2 * h),
+                               word(xv[nt], 2 * h + 1));
+    }
+  }
+
+  // This warp's partial, into cluster rank 0's shared memory as [token][16].
+  namespace cg = cooperative_groups;
+  float* dst = partials;
+  if (splits > 1) dst = cg::this_cluster().map_shared_rank(partials, 0);
+  float* mine = dst + (split * warps + warp) * TILE * kUnpoolerTileN;
+#pragma unroll
+  for (int nt = 0; nt < kNt; ++nt) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float s = acc[0][nt][i];
+#pragma unroll
+      for (int a = 1; a < ACCS; ++a) s += acc[a][nt][i];
+      const int token = nt * 8 + 2 * t + (i & 1);
+      const int row = g + (i >> 1) * 8;
+      mine[token * kUnpoolerTileN + row] = s;
+    }
+  }
+  // Release our partials / acquire everyone's; no CTA leaves before rank 0
+  // has every remote store it will read.
+  if (splits > 1)
+    cg::this_cluster().sync();
+  else
+    __syncthreads();
+  if (split != 0) return;
+
+  const int total = splits * warps;
+  for (int idx = threadIdx.x; idx < args.m * kUnpoolerTileN; idx += blockDim.x) {
+    const int token = idx / kUnpoolerTileN, row = idx % kUnpoolerTileN;
+    float s = partials[idx];
+    for (int w = 1; w < total; ++w) s += partials[w * TILE * kUnpoolerTileN + idx];
+    args.out[static_cast<size_t>(token) * args.n + feature0 + row] = __float2bfloat16_rn(s);
+  }
+}
+
+}  // namespace spark_decode::kernels

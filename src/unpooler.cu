@@ -1,0 +1,151 @@
+// The Unpooler: validation, kernel selection and launch.
+#include "cuda_utils.h"
+#include "kernels/common/launch.cuh"
+#include "kernels/unpooler/unpooler_kernel.cuh"
+#include "spark_decode/error.h"
+#include "spark_decode/unpooler.h"
+
+namespace spark_decode {
+namespace {
+
+using KernelFn = void (*)(kernels::UnpoolerArgs);
+
+// The compiled variants: kUnpoolerKws x accs {1, 2, 4} x tile {8, 16}.
+template <int KW, int ACCS>
+KernelFn pick_tile(int tile) {
+  return tile == 8 ? kernels::unpooler_kernel<KW, ACCS, 8> : kernels::unpooler_kernel<KW, ACCS, 16>;
+}
+
+template <int KW>
+KernelFn pick_accs(int accs, int tile) {
+  switch (accs) {
+    case 1: return pick_tile<KW, 1>(tile);
+    case 2: return pick_tile<KW, 2>(tile);
+    default: return pick_tile<KW, 4>(tile);
+  }
+}
+
+KernelFn unpooler_kernel_for(int kw, int accs, int tile) {
+  static_assert(kUnpoolerKws[0] == 64 && kUnpoolerKws[1] == 128 && kUnpoolerKws[2] == 256,
+                "keep the dispatch in step with kUnpoolerKws");
+  switch (kw) {
+    case 64: return pick_accs<64>(accs, tile);
+    case 128: return pick_accs<128>(accs, tile);
+    default: return pick_accs<256>(accs, tile);
+  }
+}
+
+int tile_index(int tile) { return tile == 8 ? 0 : 1; }
+
+kernels::LaunchShape launch_shape(int n, int k, const UnpoolerTactic& t, int tile, bool pdl) {
+  kernels::LaunchShape shape;
+  shape.grid = dim3(n / kUnpoolerTileN, t.splits);
+  shape.block = dim3(32 * t.warps(k));
+  shape.smem_bytes = kernels::unpooler_smem_bytes(k, t.kw, tile);
+  shape.cluster_y = t.splits;
+  shape.enable_pdl = pdl;
+  return shape;
+}
+
+}  // namespace
+
+std::optional<std::string> Unpooler::unsupported(const TensorRef& weight,
+                                                 const UnpoolerTactic& tactic) {
+  if (weight.ndim != 2) return detail::concat("unpooler shard must be 2-D, got ", weight.describe());
+  const int64_t n = weight.shape[0], k = weight.shape[1];
+  if (weight.dtype != DType::bf16 || !weight.is_contiguous() || !weight.is_aligned(16) ||
+      n % kUnpoolerTileN || weight.data == nullptr)
+    return detail::concat("unpooler shard ", weight.describe(),
+                          ": needs a contiguous, 16-byte aligned BF16 [N, K] with N % ",
+                          kUnpoolerTileN, " == 0");
+  if (weight.device < 0) return detail::concat("unpooler shard ", weight.describe(), ": needs device memory");
+  if (n > (1 << 30) || k > (1 << 30)) return detail::concat("unpooler shard ", weight.describe(), " too large");
+  return launch_unsupported(static_cast<int>(n), static_cast<int>(k), tactic);
+}
+
+std::optional<std::string> Unpooler::unsupported(const TensorRef& weight) {
+  if (weight.ndim != 2) return unsupported(weight, UnpoolerTactic{});
+  return unsupported(weight, unpooler_tactic(static_cast<int>(weight.shape[0]),
+                                              static_cast<int>(weight.shape[1])));
+}
+
+Unpooler::Unpooler(const TensorRef& weight, Options options)
+    : weight_(weight.data), n_(0), k_(0), device_(weight.device), enable_pdl_(options.enable_pdl) {
+  if (weight.ndim == 2) {
+    n_ = static_cast<int>(weight.shape[0]);
+    k_ = static_cast<int>(weight.shape[1]);
+  }
+  tactic_ = options.tactic ? *options.tactic : unpooler_tactic(n_, k_);
+  if (auto reason = unsupported(weight, tactic_)) throw InvalidArgument(*reason);
+  std::vector<int> rows = options.rows;
+  if (rows.empty())
+    for (int m = 1; m <= kUnpoolerMaxM; ++m) rows.push_back(m);
+  for (int m : rows)
+    SPARK_CHECK(m >= 1 && m <= kUnpoolerMaxM, "rows: ", m, " outside 1..", kUnpoolerMaxM);
+  detail::require_sm90(device_, "the unpooler GEMM");
+  detail::DeviceGuard guard(device_);
+  for (int m : rows) prepare_tile(tactic_.token_tile[m - 1]);
+}
+
+Unpooler Unpooler::from_moe(const TensorRef& full_weight, int tp, int rank, Options options) {
+  SPARK_CHECK(full_weight.ndim == 2, "unpooler weight must be 2-D, got ", full_weight.describe());
+  SPARK_CHECK(tp >= 1 && full_weight.shape[0] % tp == 0, "unpooler weight ",
+              full_weight.describe(), " does not split into tp=", tp, " row blocks");
+  SPARK_CHECK(rank >= 0 && rank < tp, "rank ", rank, " outside [0, ", tp, ")");
+  const int64_t n = full_weight.shape[0] / tp;
+  return Unpooler(full_weight.narrow_rows(rank * n, n), std::move(options));
+}
+
+void Unpooler::prepare_tile(int tile) {
+  if (prepared_[tile_index(tile)]) return;
+  const KernelFn fn = unpooler_kernel_for(tactic_.kw, tactic_.accs, tile);
+  const auto shape = launch_shape(n_, k_, tactic_, tile, enable_pdl_);
+  CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, shape.smem_bytes));
+  if (tactic_.splits > 1) {
+    // can_implement: the cluster must fit an SM group at all.
+    SPARK_CHECK_RUNTIME(kernels::max_active_clusters(fn, shape) > 0, "unpooler tactic ",
+                        tactic_.to_string(), " with token tile ", tile,
+                        ": no cluster of this shape fits the device");
+  }
+  prepared_[tile_index(tile)] = true;
+}
+
+void Unpooler::run(const void* x, void* out, int m, cudaStream_t stream) {
+  SPARK_CHECK(m >= 1 && m <= kUnpoolerMaxM, "x [", m, ", ", k_, "]: needs [1..", kUnpoolerMaxM,
+              ", ", k_, "]");
+  SPARK_CHECK(x != nullptr && out != nullptr && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                  reinterpret_cast<uintptr_t>(out) % 16 == 0,
+              "x and out must be non-null 16-byte aligned BF16");
+  const int tile = tactic_.token_tile[m - 1];
+  if (!prepared_[tile_index(tile)]) {
+    SPARK_CHECK(!detail::is_capturing(stream), "token tile ", tile, " for m=", m,
+                " was not prepared at construction (rows), and cannot be under CUDA graph capture");
+    detail::DeviceGuard guard(device_);
+    prepare_tile(tile);
+  }
+  detail::require_current_device(device_, "the unpooler");
+  const kernels::UnpoolerArgs args{static_cast<const __nv_bfloat16*>(weight_),
+                                   static_cast<const __nv_bfloat16*>(x),
+                                   static_cast<__nv_bfloat16*>(out), n_, k_, m};
+  kernels::launch(unpooler_kernel_for(tactic_.kw, tactic_.accs, tile),
+                  launch_shape(n_, k_, tactic_, tile, enable_pdl_), stream, args);
+}
+
+void Unpooler::run(const TensorRef& x, const TensorRef& out, cudaStream_t stream) {
+  const int m = x.ndim == 2 ? static_cast<int>(x.shape[0]) : 0;
+  SPARK_CHECK(x.ndim == 2 && m >= 1 && m <= kUnpoolerMaxM && x.shape[1] == k_, "x ",
+              x.describe(), ": needs [1..", kUnpoolerMaxM, ", ", k_, "]");
+  SPARK_CHECK(out.ndim == 2 && out.shape[0] == m && out.shape[1] == n_, "out ", out.describe(),
+              " != [", m, ", ", n_, "]");
+  for (const TensorRef* t : {&x, &out})
+    SPARK_CHECK(t->dtype == DType::bf16 && t->is_contiguous() && t->is_aligned(16),
+                "x and out must be contiguous 16-byte aligned BF16, got ", t->describe());
+  SPARK_CHECK(x.device == device_ && out.device == device_, "x and out must be on cuda:", device_,
+              ", got ", x.describe(), " and ", out.describe());
+  const auto* xb = static_cast<const char*>(x.data);
+  const auto* ob = static_cast<const char*>(out.data);
+  SPARK_CHECK(ob + out.numel() * 2 <= xb || xb + x.numel() * 2 <= ob, "out may not overlap x");
+  run(x.data, out.data, m, stream);
+}
+
+}  // namespace spark_decode

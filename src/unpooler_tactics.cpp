@@ -1,0 +1,129 @@
+// The unpooler's launch-shape checks and tactic table (plain C++: they run
+// and are tested on machines without a GPU).
+#include <algorithm>
+#include <sstream>
+
+#include "kernels/unpooler/unpooler_config.h"
+#include "spark_decode/error.h"
+#include "spark_decode/model_shape.h"
+#include "spark_decode/unpooler.h"
+
+namespace spark_decode {
+
+int unpooler_max_warps(int kw) { return kernels::unpooler_max_threads(kw) / 32; }
+
+std::string UnpoolerTactic::to_string() const {
+  std::ostringstream os;
+  os << "S=" << splits << " kw=" << kw << " accs=" << accs << " tile16_from_m=";
+  int from = 0;
+  for (int m = 1; m <= kUnpoolerMaxM; ++m)
+    if (token_tile[m - 1] == 16) {
+      from = m;
+      break;
+    }
+  if (from)
+    os << from;
+  else
+    os << "never";
+  return os.str();
+}
+
+std::optional<std::string> launch_unsupported(int n, int k, int splits, int kw, int accs) {
+  using detail::concat;
+  if (n <= 0 || n % kUnpoolerTileN || (splits != 1 && splits != 2 && splits != 4 && splits != 8) ||
+      (accs != 1 && accs != 2 && accs != 4))
+    return concat("unsupported shape or tactic n=", n, " splits=", splits, " accs=", accs);
+  if (k <= 0 || kw <= 0 || k % (splits * kw) || kw % kUnpoolerBlockK)
+    return concat("K=", k, " does not split into ", splits, " x warps x ", kw);
+  const int warps = k / (splits * kw);
+  if (warps < 1 || warps > 32) return concat(warps, " warps per CTA");
+  if (std::find(kUnpoolerKws.begin(), kUnpoolerKws.end(), kw) == kUnpoolerKws.end()) {
+    std::ostringstream os;
+    os << "kw=" << kw << " has no compiled kernel (compiled:";
+    for (int c : kUnpoolerKws) os << " " << c;
+    os << ")";
+    return os.str();
+  }
+  if (warps > unpooler_max_warps(kw))
+    return concat("kw=", kw, " runs at most ", unpooler_max_warps(kw),
+                  " warps per CTA (each lane holds kw/4 registers of weights), got ", warps);
+  const int smem = kernels::unpooler_smem_bytes(k, kw, 16);
+  if (smem > kernels::kMaxSmemPerBlock)
+    return concat(k / kw, " warp partials need ", smem,
+                  " bytes of shared memory at cluster rank 0, more than ",
+                  kernels::kMaxSmemPerBlock);
+  return std::nullopt;
+}
+
+std::optional<std::string> launch_unsupported(int n, int k, const UnpoolerTactic& tactic) {
+  if (auto reason = launch_unsupported(n, k, tactic.splits, tactic.kw, tactic.accs)) return reason;
+  for (int m = 1; m <= kUnpoolerMaxM; ++m) {
+    const int tile = tactic.token_tile[m - 1];
+    if ((tile != 8 && tile != 16) || tile < m)
+      return detail::concat("token tiles (", tactic.to_string(), ") do not cover M 1..",
+                            kUnpoolerMaxM, ": m=", m, " has tile ", tile);
+  }
+  return std::nullopt;
+}
+
+namespace {
+
+UnpoolerTactic make_tactic(int splits, int kw, int accs, int tile16_from) {
+  UnpoolerTactic t;
+  t.splits = splits;
+  t.kw = kw;
+  t.accs = accs;
+  for (int m = 1; m <= kUnpoolerMaxM; ++m) t.token_tile[m - 1] = m >= tile16_from ? 16 : 8;
+  return t;
+}
+
+// A valid tactic for a shape the table does not list: enough CTAs to give
+// every SM of an H200 (132) two of them, then the widest weight slice per
+// warp the register budget allows.
+UnpoolerTactic default_tactic(int n, int k) {
+  const int tiles = std::max(n / kUnpoolerTileN, 1);
+  int preferred = 8;
+  for (int s : {1, 2, 4, 8})
+    if (tiles * s >= 264) {
+      preferred = s;
+      break;
+    }
+  std::vector<int> order = {preferred};
+  for (int s : {8, 4, 2, 1})
+    if (s != preferred) order.push_back(s);
+  for (int s : order)
+    for (int kw : {256, 128, 64})
+      if (!launch_unsupported(n, k, s, kw, 2)) return make_tactic(s, kw, 2, 9);
+  return make_tactic(1, kUnpoolerKws.front(), 1, 9);  // invalid: unsupported() says why
+}
+
+}  // namespace
+
+const std::vector<UnpoolerTacticEntry>& unpooler_tactic_table() {
+  // N = H / tp at K = P, for tp = 1, 2, 4, 8.
+  static const std::vector<UnpoolerTacticEntry> table = {
+      {kMuseSpark.hidden / 1, kMuseSpark.pooled, make_tactic(2, 256, 2, 9), "not yet measured"},
+      {kMuseSpark.hidden / 2, kMuseSpark.pooled, make_tactic(4, 256, 2, 9), "not yet measured"},
+      {kMuseSpark.hidden / 4, kMuseSpark.pooled, make_tactic(4, 128, 2, 9), "not yet measured"},
+      {kMuseSpark.hidden / 8, kMuseSpark.pooled, make_tactic(8, 128, 2, 9), "not yet measured"},
+  };
+  return table;
+}
+
+UnpoolerTactic unpooler_tactic(int n, int k) {
+  for (const auto& e : unpooler_tactic_table())
+    if (e.n == n && e.k == k) return e.tactic;
+  return default_tactic(n, k);
+}
+
+std::string format_unpooler_tactic_table() {
+  std::ostringstream os;
+  os << "unpooler tactics (N, K -> S, kw, accs, token tile):\n";
+  for (const auto& e : unpooler_tactic_table())
+    os << "  N=" << e.n << " K=" << e.k << " -> " << e.tactic.to_string() << "  ("
+       << e.tactic.warps(e.k) << " warps/CTA, grid " << e.n / kUnpoolerTileN << "x"
+       << e.tactic.splits << "; " << e.measured << ")\n";
+  return os.str();
+}
+
+}  // namespace spark_decode

@@ -1,0 +1,46 @@
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include "spark_decode/error.h"
+#include "spark_decode/types.h"
+
+namespace sd = spark_decode;
+
+TEST(Errors, CheckThrowsInvalidArgumentWithItsReason) {
+  try {
+    SPARK_CHECK(1 + 1 == 3, "arithmetic is off by ", 1);
+    FAIL() << "no throw";
+  } catch (const sd::InvalidArgument& e) {
+    EXPECT_STREQ(e.what(), "arithmetic is off by 1");
+  }
+  EXPECT_NO_THROW(SPARK_CHECK(true, "never"));
+}
+
+TEST(Errors, RuntimeCheckThrowsRuntimeError) {
+  EXPECT_THROW(SPARK_CHECK_RUNTIME(false, "x"), sd::RuntimeError);
+}
+
+TEST(Errors, CudaCheckNamesTheErrorAndTheCall) {
+  try {
+    CUDA_CHECK(cudaErrorInvalidValue);
+    FAIL() << "no throw";
+  } catch (const sd::RuntimeError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("cudaErrorInvalidValue"), std::string::npos) << what;
+    EXPECT_NE(what.find("test_errors.cpp"), std::string::npos) << what;
+  }
+}
+
+TEST(TensorRef, ContiguousViewsAndDescriptions) {
+  alignas(16) static uint16_t storage[64];
+  auto t = sd::TensorRef::contiguous(storage, sd::DType::bf16, {4, 16}, 0);
+  EXPECT_TRUE(t.is_contiguous());
+  EXPECT_EQ(t.numel(), 64);
+  EXPECT_EQ(t.describe(), "[4, 16] bf16 on cuda:0");
+  auto rows = t.narrow_rows(2, 2);
+  EXPECT_EQ(rows.data, storage + 32);
+  EXPECT_EQ(rows.shape[0], 2);
+  t.stride[0] = 32;
+  EXPECT_FALSE(t.is_contiguous());
+  EXPECT_THROW(t.narrow_rows(3, 2), sd::InvalidArgument);
+}

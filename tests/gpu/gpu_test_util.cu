@@ -1,0 +1,130 @@
+#include "gpu_test_util.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+#include "spark_decode/bf16.h"
+
+namespace spark_decode::testing {
+
+std::string gpu_unavailable_reason(int min_devices) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess)
+    return std::string("no CUDA device: ") + cudaGetErrorString(err);
+  if (count < min_devices)
+    return "needs " + std::to_string(min_devices) + " GPUs, found " + std::to_string(count);
+  for (int d = 0; d < min_devices; ++d) {
+    int major = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, d));
+    if (major < 9) return "GPU " + std::to_string(d) + " is below compute capability 9.0";
+  }
+  return "";
+}
+
+std::mt19937_64& rng() {
+  static std::mt19937_64 gen = [] {
+    uint64_t seed;
+    if (const char* s = std::getenv("SPARK_TEST_SEED"))
+      seed = std::strtoull(s, nullptr, 0);
+    else
+      seed = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
+    std::printf("[spark-decode tests] random seed %llu (SPARK_TEST_SEED to replay)\n",
+                static_cast<unsigned long long>(seed));
+    return std::mt19937_64(seed);
+  }();
+  return gen;
+}
+
+const char* dist_name(Dist d) {
+  switch (d) {
+    case Dist::normal: return "normal";
+    case Dist::scaled: return "scaled";
+    case Dist::outliers: return "outliers";
+    case Dist::specials: return "specials";
+  }
+  return "?";
+}
+
+std::vector<uint16_t> random_bf16(size_t count, Dist dist, int scale_log2) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+  std::uniform_int_distribution<int> mantissa(1, 127);
+  auto& g = rng();
+  std::vector<uint16_t> out(count);
+  const float scale = std::ldexp(1.0f, scale_log2);
+  for (auto& v : out) {
+    float f = normal(g);
+    switch (dist) {
+      case Dist::normal: break;
+      case Dist::scaled: f *= scale; break;
+      case Dist::outliers:
+        if (unit(g) < 0.01f) f *= 256.0f;
+        break;
+      case Dist::specials: {
+        const float u = unit(g);
+        if (u < 0.05f) {
+          v = kBf16NegativeZero;
+          continue;
+        }
+        if (u < 0.08f) {
+          v = 0;
+          continue;
+        }
+        if (u < 0.12f) {  // a subnormal of either sign
+          v = static_cast<uint16_t>(mantissa(g) | (unit(g) < 0.5f ? 0x8000 : 0));
+          continue;
+        }
+        break;
+      }
+    }
+    v = float_to_bf16_rne(f);
+  }
+  return out;
+}
+
+GuardedBuffer::GuardedBuffer(size_t bytes, size_t guard_bytes) : bytes_(bytes), guard_(guard_bytes) {
+  CUDA_CHECK(cudaMalloc(&base_, bytes_ + 2 * guard_));
+  CUDA_CHECK(cudaMemset(base_, kGuard, bytes_ + 2 * guard_));
+}
+
+GuardedBuffer::~GuardedBuffer() { cudaFree(base_); }
+
+void GuardedBuffer::fill(uint8_t byte) { CUDA_CHECK(cudaMemset(get(), byte, bytes_)); }
+
+void GuardedBuffer::upload(const void* host, size_t bytes) {
+  SPARK_CHECK(bytes <= bytes_, "upload of ", bytes, " bytes into ", bytes_);
+  CUDA_CHECK(cudaMemcpy(get(), host, bytes, cudaMemcpyHostToDevice));
+}
+
+void GuardedBuffer::download(void* host, size_t bytes) const {
+  SPARK_CHECK(bytes <= bytes_, "download of ", bytes, " bytes from ", bytes_);
+  CUDA_CHECK(cudaMemcpy(host, get(), bytes, cudaMemcpyDeviceToHost));
+}
+
+std::string GuardedBuffer::check_guards() const {
+  std::vector<uint8_t> lo(guard_), hi(guard_);
+  CUDA_CHECK(cudaMemcpy(lo.data(), base_, guard_, cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpy(hi.data(), static_cast<char*>(base_) + guard_ + bytes_, guard_,
+                        cudaMemcpyDeviceToHost));
+  std::ostringstream os;
+  for (size_t i = 0; i < guard_; ++i) {
+    if (lo[i] != kGuard) {
+      os << "guard byte " << i << " before the buffer changed to " << int(lo[i]) << "; ";
+      break;
+    }
+  }
+  for (size_t i = 0; i < guard_; ++i) {
+    if (hi[i] != kGuard) {
+      os << "guard byte " << i << " after the buffer changed to " << int(hi[i]) << "; ";
+      break;
+    }
+  }
+  return os.str();
+}
+
+void poison_bf16(GuardedBuffer& buffer) { buffer.fill(0xFF); }
+
+}  // namespace spark_decode::testing

@@ -1,0 +1,67 @@
+// Helpers of the GPU tests: skipping without a GPU, device buffers with
+// guard regions, random BF16 inputs of several distributions.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "spark_decode/error.h"
+
+namespace spark_decode::testing {
+
+// Why the GPU tests cannot run here ("" when they can): no device, or none
+// of compute capability 9.0+.
+std::string gpu_unavailable_reason(int min_devices = 1);
+
+#define SKIP_WITHOUT_GPU(n)                                                          \
+  do {                                                                               \
+    const std::string why_ = ::spark_decode::testing::gpu_unavailable_reason(n);     \
+    if (!why_.empty()) GTEST_SKIP() << why_;                                         \
+  } while (0)
+
+// One generator per test, seeded from std::random_device; the seed is
+// printed so that a failure can be replayed (SPARK_TEST_SEED=...).
+std::mt19937_64& rng();
+
+enum class Dist { normal, scaled, outliers, specials };
+const char* dist_name(Dist d);
+inline constexpr Dist kAllDists[] = {Dist::normal, Dist::scaled, Dist::outliers, Dist::specials};
+
+// BF16 bit patterns. `scale_log2` multiplies the normal draws by 2^scale_log2
+// (for Dist::scaled). specials mixes -0.0, +0.0, subnormals and normals.
+std::vector<uint16_t> random_bf16(size_t count, Dist dist, int scale_log2 = 0);
+
+// Device memory with `guard_bytes` of a known pattern on either side; the
+// caller checks the guards after the kernels ran.
+class GuardedBuffer {
+ public:
+  static constexpr uint8_t kGuard = 0xA5;
+  GuardedBuffer(size_t bytes, size_t guard_bytes = 4096);
+  ~GuardedBuffer();
+  GuardedBuffer(const GuardedBuffer&) = delete;
+  GuardedBuffer& operator=(const GuardedBuffer&) = delete;
+
+  void* get() const { return static_cast<char*>(base_) + guard_; }
+  size_t bytes() const { return bytes_; }
+  void fill(uint8_t byte);                       // the payload only
+  void upload(const void* host, size_t bytes);
+  void download(void* host, size_t bytes) const;
+  // Empty when both guards hold the pattern, else where they do not.
+  std::string check_guards() const;
+
+ private:
+  void* base_ = nullptr;
+  size_t bytes_, guard_;
+};
+
+// 0xFFFF (a NaN no kernel of ours produces from finite inputs) in every
+// BF16 of the payload: an element still holding it was never written.
+inline constexpr uint16_t kPoisonBf16 = 0xFFFF;
+void poison_bf16(GuardedBuffer& buffer);
+
+}  // namespace spark_decode::testing

@@ -1,0 +1,357 @@
+// The Unpooler on one GPU: accuracy against the FP64 reference for every m,
+// every element written, guards intact, bitwise reproducibility, batch
+// invariance, CUDA-graph replay and PDL equal to eager.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <thread>
+#include <vector>
+
+#include "gpu_test_util.h"
+#include "spark_decode/bf16.h"
+#include "spark_decode/model_shape.h"
+#include "spark_decode/reference.h"
+#include "spark_decode/unpooler.h"
+
+namespace sd = spark_decode;
+using namespace sd::testing;
+
+namespace {
+
+struct Shape {
+  int n, k;
+};
+
+// The model's four unpooler shards (N = H / tp at K = P) and small shapes.
+std::vector<Shape> model_shapes() {
+  std::vector<Shape> s;
+  for (int tp : sd::kTensorParallelSizes) s.push_back({sd::kMuseSpark.hidden / tp, sd::kMuseSpark.pooled});
+  return s;
+}
+const Shape kSmallShapes[] = {{16, 256}, {48, 256}, {64, 1024}};
+
+// The FP64 reference of x[m, k] @ w[n, k]^T, row blocks of w over threads.
+struct Reference {
+  std::vector<double> exact, magnitude;
+};
+Reference reference(const std::vector<uint16_t>& x, const std::vector<uint16_t>& w, int m, int n, int k) {
+  const int threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  Reference r;
+  r.exact.assign(static_cast<size_t>(m) * n, 0.0);
+  r.magnitude.assign(static_cast<size_t>(m) * n, 0.0);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      const int n0 = static_cast<int>(int64_t{n} * t / threads), n1 = static_cast<int>(int64_t{n} * (t + 1) / threads);
+      if (n1 == n0) return;
+      std::vector<uint16_t> out(static_cast<size_t>(m) * (n1 - n0));
+      std::vector<double> e, a;
+      sd::reference::gemm_bf16(x.data(), w.data() + static_cast<size_t>(n0) * k, out.data(), m, n1 - n0, k, &e, &a);
+      for (int i = 0; i < m; ++i)
+        for (int j = n0; j < n1; ++j) {
+          r.exact[static_cast<size_t>(i) * n + j] = e[static_cast<size_t>(i) * (n1 - n0) + j - n0];
+          r.magnitude[static_cast<size_t>(i) * n + j] = a[static_cast<size_t>(i) * (n1 - n0) + j - n0];
+        }
+    });
+  }
+  for (auto& th : pool) th.join();
+  return r;
+}
+
+// The bound every element must meet:
+//   |out - exact| <= 2^-8 |exact| + K 2^-23 sum|x w| + 2^-126
+// 2^-8: BF16's unit roundoff (the final rounding). K 2^-23: twice the FP32
+// worst case K u_32 sum|x w| of summing K exact BF16 x BF16 products (the
+// factor 2 covers the tensor cores' own accumulation rounding). 2^-126: the
+// smallest FP32 normal, for results in the subnormal range.
+struct Check {
+  int bad = 0;
+  double worst_ratio = 0;  // max |err| / bound
+  std::string first;
+};
+Check check_rows(const std::vector<uint16_t>& out, const Reference& ref, int m, int n, int k) {
+  Check c;
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < n; ++j) {
+      const size_t o = static_cast<size_t>(i) * n + j;
+      const uint16_t bits = out[o];
+      const double got = sd::bf16_to_float(bits);
+      const double want = ref.exact[o];
+      const double bound = std::ldexp(std::fabs(want), -8) + k * std::ldexp(ref.magnitude[o], -23) +
+                           std::ldexp(1.0, -126);
+      const double err = std::fabs(got - want);
+      const bool ok = bits != kPoisonBf16 && std::isfinite(got) && err <= bound;
+      if (std::isfinite(err)) c.worst_ratio = std::max(c.worst_ratio, err / bound);
+      if (!ok && c.bad++ == 0)
+        c.first = "row " + std::to_string(i) + " col " + std::to_string(j) + ": got " +
+                  std::to_string(got) + " (bits " + std::to_string(bits) + ") want " +
+                  std::to_string(want) + " bound " + std::to_string(bound);
+    }
+  return c;
+}
+
+sd::TensorRef weight_ref(const void* p, int n, int k) {
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  return sd::TensorRef::contiguous(p, sd::DType::bf16, {n, k}, dev);
+}
+
+struct Problem {
+  int n, k;
+  GuardedBuffer w, x, out;
+  std::vector<uint16_t> hw, hx;
+  Problem(int n_, int k_, Dist dist)
+      : n(n_), k(k_),
+        w(static_cast<size_t>(n_) * k_ * 2),
+        x(static_cast<size_t>(sd::kUnpoolerMaxM) * k_ * 2),
+        out(static_cast<size_t>(sd::kUnpoolerMaxM) * n_ * 2) {
+    // Scaled: x large, w small, so that neither the products nor the sums
+    // leave FP32's normal range.
+    hw = random_bf16(static_cast<size_t>(n) * k, dist, dist == Dist::scaled ? -30 : 0);
+    hx = random_bf16(static_cast<size_t>(sd::kUnpoolerMaxM) * k, dist, dist == Dist::scaled ? 20 : 0);
+    w.upload(hw.data(), hw.size() * 2);
+    x.upload(hx.data(), hx.size() * 2);
+  }
+  std::vector<uint16_t> run(sd::Unpooler& u, int m, const void* xp = nullptr) {
+    poison_bf16(out);
+    u.run(xp ? xp : x.get(), out.get(), m, nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<uint16_t> h(static_cast<size_t>(m) * n);
+    out.download(h.data(), h.size() * 2);
+    return h;
+  }
+};
+
+// Every m in 1..16 against the reference, every element, guards intact.
+void check_all_m(int n, int k, Dist dist, const sd::UnpoolerTactic* tactic = nullptr) {
+  Problem p(n, k, dist);
+  sd::Unpooler::Options opt;
+  if (tactic) opt.tactic = *tactic;
+  sd::Unpooler u(weight_ref(p.w.get(), n, k), opt);
+  // Rows are independent, so the reference of all 16 rows serves every m.
+  const Reference ref = reference(p.hx, p.hw, sd::kUnpoolerMaxM, n, k);
+  double worst = 0;
+  for (int m = 1; m <= sd::kUnpoolerMaxM; ++m) {
+    const auto out = p.run(u, m);
+    const Check c = check_rows(out, ref, m, n, k);
+    worst = std::max(worst, c.worst_ratio);
+    ASSERT_EQ(c.bad, 0) << n << "x" << k << " " << dist_name(dist) << " m=" << m << " tactic "
+                        << u.tactic().to_string() << ": " << c.bad << " bad, first " << c.first;
+    // Rows past m stay poisoned: the kernel wrote no more than m rows.
+    std::vector<uint16_t> all(static_cast<size_t>(sd::kUnpoolerMaxM) * n);
+    p.out.download(all.data(), all.size() * 2);
+    for (size_t i = static_cast<size_t>(m) * n; i < all.size(); ++i)
+      ASSERT_EQ(all[i], kPoisonBf16) << "m=" << m << " wrote past row m at element " << i;
+    ASSERT_EQ(p.out.check_guards(), "") << "m=" << m;
+  }
+  std::printf("  %5dx%-5d %-8s %-40s worst |err|/bound %.3f\n", n, k, dist_name(dist),
+              u.tactic().to_string().c_str(), worst);
+}
+
+}  // namespace
+
+TEST(UnpoolerGpu, ModelShapesEveryMEveryDistribution) {
+  SKIP_WITHOUT_GPU(1);
+  for (Shape s : model_shapes())
+    for (Dist d : kAllDists) check_all_m(s.n, s.k, d);
+}
+
+TEST(UnpoolerGpu, SmallShapesEveryMEveryDistribution) {
+  SKIP_WITHOUT_GPU(1);
+  for (Shape s : kSmallShapes)
+    for (Dist d : kAllDists) check_all_m(s.n, s.k, d);
+}
+
+// Every compiled kernel (kw x accs x both tiles) through every split that
+// can take it, on a small shape.
+TEST(UnpoolerGpu, EveryCompiledVariant) {
+  SKIP_WITHOUT_GPU(1);
+  const int n = 48, k = 2048;
+  int tested = 0;
+  for (int s : {1, 2, 4, 8})
+    for (int kw : sd::kUnpoolerKws)
+      for (int accs : {1, 2, 4}) {
+        if (sd::launch_unsupported(n, k, s, kw, accs)) continue;
+        sd::UnpoolerTactic t;
+        t.splits = s;
+        t.kw = kw;
+        t.accs = accs;
+        check_all_m(n, k, Dist::normal, &t);
+        ++tested;
+      }
+  EXPECT_GE(tested, 18);
+}
+
+TEST(UnpoolerGpu, TableTacticsAreTheDefaults) {
+  SKIP_WITHOUT_GPU(1);
+  for (const auto& e : sd::unpooler_tactic_table()) {
+    GuardedBuffer w(static_cast<size_t>(e.n) * e.k * 2);
+    sd::Unpooler u(weight_ref(w.get(), e.n, e.k));
+    EXPECT_EQ(u.tactic(), e.tactic);
+  }
+}
+
+TEST(UnpoolerGpu, BitwiseReproducibleOver100Runs) {
+  SKIP_WITHOUT_GPU(1);
+  for (Shape s : {Shape{4096, 4096}, Shape{1024, 4096}}) {
+    Problem p(s.n, s.k, Dist::outliers);
+    sd::Unpooler u(weight_ref(p.w.get(), s.n, s.k));
+    for (int m : {1, 7, 16}) {
+      const auto first = p.run(u, m);
+      for (int r = 1; r < 100; ++r) ASSERT_EQ(p.run(u, m), first) << s.n << " m=" << m << " run " << r;
+    }
+  }
+}
+
+// Row i computed in a batch of m equals row i computed alone, bit for bit.
+TEST(UnpoolerGpu, BatchInvariance) {
+  SKIP_WITHOUT_GPU(1);
+  for (Shape s : model_shapes()) {
+    Problem p(s.n, s.k, Dist::normal);
+    sd::Unpooler u(weight_ref(p.w.get(), s.n, s.k));
+    std::vector<std::vector<uint16_t>> alone;
+    for (int i = 0; i < sd::kUnpoolerMaxM; ++i)
+      alone.push_back(p.run(u, 1, static_cast<const char*>(p.x.get()) + static_cast<size_t>(i) * s.k * 2));
+    for (int m = 1; m <= sd::kUnpoolerMaxM; ++m) {
+      const auto batch = p.run(u, m);
+      for (int i = 0; i < m; ++i)
+        ASSERT_TRUE(std::equal(alone[i].begin(), alone[i].end(), batch.begin() + static_cast<size_t>(i) * s.n))
+            << s.n << "x" << s.k << ": row " << i << " of a batch of " << m << " differs from it alone";
+    }
+  }
+}
+
+TEST(UnpoolerGpu, GraphReplayEqualsEager) {
+  SKIP_WITHOUT_GPU(1);
+  const int n = 2048, k = 4096;
+  Problem p(n, k, Dist::normal);
+  sd::Unpooler u(weight_ref(p.w.get(), n, k));
+  cudaStream_t stream;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (int m : {1, 8, 9, 16}) {
+    const auto eager = p.run(u, m);
+    poison_bf16(p.out);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    u.run(p.x.get(), p.out.get(), m, stream);
+    CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int r = 0; r < 3; ++r) {
+      poison_bf16(p.out);
+      CUDA_CHECK(cudaGraphLaunch(exec, stream));
+      CUDA_CHECK(cudaStreamSynchronize(stream));
+      std::vector<uint16_t> h(static_cast<size_t>(m) * n);
+      p.out.download(h.data(), h.size() * 2);
+      ASSERT_EQ(h, eager) << "m=" << m << " replay " << r;
+    }
+    CUDA_CHECK(cudaGraphExecDestroy(exec));
+    CUDA_CHECK(cudaGraphDestroy(graph));
+  }
+  CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+// A chain y = U(x), z = U(y) with programmatic dependent launch: the second
+// GEMM must read y only after the first finished writing it.
+TEST(UnpoolerGpu, PdlOnEqualsOff) {
+  SKIP_WITHOUT_GPU(1);
+  const int n = 4096, k = 4096;
+  Problem p(n, k, Dist::normal);
+  GuardedBuffer y(static_cast<size_t>(sd::kUnpoolerMaxM) * n * 2);
+  sd::Unpooler::Options on, off;
+  on.enable_pdl = true;
+  off.enable_pdl = false;
+  sd::Unpooler u_on(weight_ref(p.w.get(), n, k), on), u_off(weight_ref(p.w.get(), n, k), off);
+  cudaStream_t stream;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (int m : {1, 5, 16}) {
+    std::vector<uint16_t> results[2];
+    for (int pdl = 0; pdl < 2; ++pdl) {
+      sd::Unpooler& u = pdl ? u_on : u_off;
+      poison_bf16(y);
+      poison_bf16(p.out);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      for (int r = 0; r < 20; ++r) {  // many chained pairs back to back
+        u.run(p.x.get(), y.get(), m, stream);
+        u.run(y.get(), p.out.get(), m, stream);
+      }
+      CUDA_CHECK(cudaStreamSynchronize(stream));
+      results[pdl].resize(static_cast<size_t>(m) * n);
+      p.out.download(results[pdl].data(), results[pdl].size() * 2);
+    }
+    ASSERT_EQ(results[0], results[1]) << "m=" << m;
+    ASSERT_EQ(std::count(results[0].begin(), results[0].end(), kPoisonBf16), 0);
+  }
+  CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+TEST(UnpoolerGpu, RunValidatesAndLaunchesNothingOnBadInput) {
+  SKIP_WITHOUT_GPU(1);
+  const int n = 48, k = 256;
+  Problem p(n, k, Dist::normal);
+  sd::Unpooler::Options only_small;
+  only_small.rows = {1, 2, 3};
+  sd::Unpooler u(weight_ref(p.w.get(), n, k), only_small);
+  EXPECT_TRUE(u.prepared_tiles()[0]);
+  EXPECT_FALSE(u.prepared_tiles()[1]);
+  poison_bf16(p.out);
+  EXPECT_THROW(u.run(p.x.get(), p.out.get(), 0, nullptr), sd::InvalidArgument);
+  EXPECT_THROW(u.run(p.x.get(), p.out.get(), 17, nullptr), sd::InvalidArgument);
+  EXPECT_THROW(u.run(static_cast<char*>(p.x.get()) + 2, p.out.get(), 1, nullptr), sd::InvalidArgument);
+  auto x = sd::TensorRef::contiguous(p.x.get(), sd::DType::bf16, {2, k}, 0);
+  auto out = sd::TensorRef::contiguous(p.out.get(), sd::DType::bf16, {2, n}, 0);
+  auto bad = out;
+  bad.dtype = sd::DType::f32;
+  EXPECT_THROW(u.run(x, bad, nullptr), sd::InvalidArgument);
+  bad = out;
+  bad.shape[0] = 3;
+  EXPECT_THROW(u.run(x, bad, nullptr), sd::InvalidArgument);
+  EXPECT_THROW(u.run(x, x, nullptr), sd::InvalidArgument);  // shape and aliasing
+  CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<uint16_t> h(static_cast<size_t>(sd::kUnpoolerMaxM) * n);
+  p.out.download(h.data(), h.size() * 2);
+  EXPECT_EQ(std::count(h.begin(), h.end(), kPoisonBf16), static_cast<long>(h.size()))
+      << "a refused call wrote output";
+
+  // The tile of m = 9 was not prepared: refused under capture...
+  cudaStream_t stream;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  EXPECT_THROW(u.run(p.x.get(), p.out.get(), 9, stream), sd::InvalidArgument);
+  cudaGraph_t graph;
+  CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  CUDA_CHECK(cudaGraphDestroy(graph));
+  // ...and prepared on first use outside capture.
+  EXPECT_NO_THROW(u.run(p.x.get(), p.out.get(), 9, stream));
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  EXPECT_TRUE(u.prepared_tiles()[1]);
+  CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+TEST(UnpoolerGpu, FromMoeTakesThisRanksRows) {
+  SKIP_WITHOUT_GPU(1);
+  const int h = 256, k = 512, tp = 4;
+  Problem full(h, k, Dist::normal);
+  GuardedBuffer out(static_cast<size_t>(sd::kUnpoolerMaxM) * h * 2);
+  const int m = 3;
+  auto u_full = sd::Unpooler(weight_ref(full.w.get(), h, k));
+  const auto all = full.run(u_full, m);
+  for (int rank = 0; rank < tp; ++rank) {
+    auto u = sd::Unpooler::from_moe(weight_ref(full.w.get(), h, k), tp, rank);
+    ASSERT_EQ(u.n(), h / tp);
+    const Reference ref = reference(full.hx, std::vector<uint16_t>(full.hw.begin() + static_cast<size_t>(rank) * (h / tp) * k,
+                                                                 full.hw.begin() + static_cast<size_t>(rank + 1) * (h / tp) * k),
+                                     m, h / tp, k);
+    poison_bf16(out);
+    u.run(full.x.get(), out.get(), m, nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<uint16_t> got(static_cast<size_t>(m) * (h / tp));
+    out.download(got.data(), got.size() * 2);
+    const Check c = check_rows(got, ref, m, h / tp, k);
+    EXPECT_EQ(c.bad, 0) << "rank " << rank << ": " << c.first;
+  }
+  (void)all;
+}

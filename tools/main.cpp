@@ -1,0 +1,78 @@
+// spark-decode: device info, verification and benchmarks of the library.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <filesystem>
+
+#include "benches.h"
+#include "info.h"
+#include "spark_decode/error.h"
+#include "spark_decode/unpooler.h"
+
+namespace sd = spark_decode;
+
+namespace {
+
+int require_gpu(const char* what) {
+  if (sd::tool::gpu_count() == 0) {
+    std::fprintf(stderr, "spark-decode %s: no GPU is visible on this machine; nothing was measured.\n", what);
+    return 2;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"spark-decode: tensor-parallel decode kernels at the MoE boundaries of Muse Spark"};
+  app.require_subcommand(0, 1);
+
+  auto* info = app.add_subcommand("info", "GPUs, compute capability, SMs, L2, clusters, peer access");
+  auto* tactics = app.add_subcommand("tactics", "print the tactic tables");
+
+  sd::bench::UnpoolerBenchOptions opts;
+  opts.out_dir = std::string(SPARK_DECODE_SOURCE_DIR) + "/bench/results";
+  auto* bench = app.add_subcommand("bench", "benchmarks against the stock path (SPEC §7)");
+  bench->require_subcommand(1);
+  auto* bench_unpooler = bench->add_subcommand("unpooler", "the unpooler GEMM against cuBLAS, tp 1, 2, 4, 8");
+  auto* tune = app.add_subcommand("tune", "time every valid tactic (to choose the tactic table)");
+  tune->require_subcommand(1);
+  auto* tune_unpooler = tune->add_subcommand("unpooler", "every unpooler tactic at the model's shapes");
+  for (CLI::App* c : {bench_unpooler, tune_unpooler}) {
+    c->add_option("--tp", opts.tps, "tensor-parallel sizes")->delimiter(',');
+    c->add_option("--m", opts.ms, "batch sizes")->delimiter(',');
+    c->add_option("--repeats", opts.repeats, "graph replays per figure (median)");
+    c->add_option("--out", opts.out_dir, "directory of the JSON and markdown");
+  }
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    if (*info) {
+      sd::tool::print_info();
+      return 0;
+    }
+    if (*tactics) {
+      std::printf("%s", sd::format_unpooler_tactic_table().c_str());
+      return 0;
+    }
+    if (*bench_unpooler || *tune_unpooler) {
+      if (int rc = require_gpu("bench")) return rc;
+      std::filesystem::create_directories(opts.out_dir);
+      const std::string path = *bench_unpooler ? sd::bench::bench_unpooler(opts) : sd::bench::tune_unpooler(opts);
+      std::printf("wrote %s (and .md)\n", path.c_str());
+      return 0;
+    }
+    // The main job: what is here, and does it compute the right thing.
+    sd::tool::print_info();
+    std::printf("%s", sd::format_unpooler_tactic_table().c_str());
+    if (sd::tool::gpu_count() == 0) {
+      std::printf("No GPU on this machine: the kernels cannot run here. Running the CPU reference instead.\n");
+      sd::tool::run_cpu_reference_demo();
+      return 0;
+    }
+    return sd::tool::verify_unpooler_gpu() ? 0 : 1;
+  } catch (const sd::Error& e) {
+    std::fprintf(stderr, "spark-decode: %s\n", e.what());
+    return 1;
+  }
+}

@@ -31,7 +31,7 @@ if has build; then
 fi
 if has test; then
   say "gpu tests $(date -u +%T)"
-  (cd build/h200 && ctest -L gpu --output-on-failure --timeout 600) 2>&1 | tee -a "$LOG" | tail -40
+  (cd build/h200 && ctest -L gpu --output-on-failure --timeout 240) 2>&1 | tee -a "$LOG" | tail -40
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 if has tune; then

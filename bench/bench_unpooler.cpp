@@ -112,6 +112,8 @@ std::string tune_unpooler(const UnpoolerBenchOptions& o) {
           Unpooler::Options opt;
           opt.enable_pdl = false;
           opt.tactic = t;
+          std::printf("  tp %d: %s ...", tp, t.to_string().c_str());
+          std::fflush(stdout);
           auto u = weights.unpoolers(opt);
           double sum = 0;
           std::string line;
@@ -124,6 +126,7 @@ std::string tune_unpooler(const UnpoolerBenchOptions& o) {
             std::snprintf(buf, sizeof buf, " m%d=%.2f", m, us);
             line += buf;
           }
+          std::printf("%s\n", line.c_str());
           ranking.emplace(sum / o.ms.size(), t.to_string() + line);
         }
     std::printf("tp %d (N=%d, floor %.2f us): tactics by mean us over m\n", tp, n, floor);

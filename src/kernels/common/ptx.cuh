@@ -55,15 +55,12 @@ __device__ __forceinline__ uint4 ld_stream_v4(const void* ptr, uint64_t policy) 
   return v;
 }
 
-// 16 bytes written by an earlier grid (activations): coherent path, so it
-// is safe after griddep_wait even when the producer ran on this SM.
+// 16 bytes written by an earlier grid (activations). A plain C++ load, not
+// asm: the compiler may batch and hoist these (volatile asm loads would be
+// issued one dependent MMA at a time), yet never above griddep_wait, whose
+// memory clobber orders every real memory access.
 __device__ __forceinline__ uint4 ld_v4(const void* ptr) {
-  uint4 v;
-  asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(ptr)
-               : "memory");
-  return v;
+  return *static_cast<const uint4*>(ptr);
 }
 
 // ---- memory-ordering wrappers (system scope: peers over NVLink) -----------
@@ -136,7 +133,9 @@ __device__ __forceinline__ uint64_t globaltimer_ns() {
 //   d[0..1]: D[g][2t..2t+1]  d[2..3]: D[g+8][2t..2t+1]
 __device__ __forceinline__ void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4],
                                                   uint32_t b0, uint32_t b1) {
-  asm volatile(
+  // Not volatile: a pure register operation the compiler may schedule
+  // around the loads.
+  asm(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
       "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])

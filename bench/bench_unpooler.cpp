@@ -41,6 +41,10 @@ struct ColdWeights {
 
 double floor_us(size_t bytes, double tbps) { return bytes / (tbps * 1e12) * 1e6; }
 
+bool wanted(const std::vector<int>& filter, int v) {
+  return filter.empty() || std::find(filter.begin(), filter.end(), v) != filter.end();
+}
+
 }  // namespace
 
 std::string bench_unpooler(const UnpoolerBenchOptions& o) {
@@ -65,6 +69,19 @@ std::string bench_unpooler(const UnpoolerBenchOptions& o) {
     auto ours_pdl = weights.unpoolers(pdl);
     std::printf("tp %d: N=%d K=%d, %d cold copies, tactic %s, floor %.2f us\n", tp, n, k, weights.copies,
                 ours[0].tactic().to_string().c_str(), floor);
+    const double empty_us =
+        time_graph([&](cudaStream_t s, int) { enqueue_empty(s); }, weights.copies, o.repeats, stream);
+    const double read_us = time_graph(
+        [&](cudaStream_t s, int c) { enqueue_read(weights.copy(c), size_t{2} * n * k, s); }, weights.copies,
+        o.repeats, stream);
+    std::printf("  diagnostics: empty kernel %.2f us/call, streaming read of the same bytes %.2f us/call\n",
+                empty_us, read_us);
+    char diag[160];
+    std::snprintf(diag, sizeof diag,
+                  "tp %d diagnostics (same graph method): empty kernel %.2f us, plain streaming read of the "
+                  "%.0f MB shard %.2f us",
+                  tp, empty_us, 2.0 * n * k / 1e6, read_us);
+    report.notes.push_back(diag);
     for (int m : o.ms) {
       CublasGemm blas(m, n, k);
       const double blas_us = blas.pick_fastest(copies, x.get(), out.get(), o.repeats, stream);
@@ -104,7 +121,9 @@ std::string tune_unpooler(const UnpoolerBenchOptions& o) {
     for (int s : {1, 2, 4, 8})
       for (int kw : kUnpoolerKws)
         for (int accs : {1, 2, 4}) {
-          if (launch_unsupported(n, k, s, kw, accs)) continue;
+          if (launch_unsupported(n, k, s, kw, accs) || !wanted(o.splits, s) || !wanted(o.kws, kw) ||
+              !wanted(o.accs, accs))
+            continue;
           UnpoolerTactic t;
           t.splits = s;
           t.kw = kw;
@@ -138,6 +157,31 @@ std::string tune_unpooler(const UnpoolerBenchOptions& o) {
   }
   CUDA_CHECK(cudaStreamDestroy(stream));
   return report.write(o.out_dir, "unpooler_tune_" + report.date);
+}
+
+void profile_unpooler(const UnpoolerBenchOptions& o) {
+  const int k = kMuseSpark.pooled;
+  DeviceMemory x(size_t{2} * kUnpoolerMaxM * k), out(size_t{2} * kUnpoolerMaxM * kMuseSpark.hidden);
+  fill_random_bf16(x.get(), size_t{kUnpoolerMaxM} * k, 7);
+  for (int tp : o.tps) {
+    const int n = kMuseSpark.hidden / tp;
+    ColdWeights weights(n, k);
+    Unpooler::Options opt;
+    opt.enable_pdl = false;
+    if (!o.splits.empty() && !o.kws.empty()) {
+      UnpoolerTactic t = unpooler_tactic(n, k);
+      t.splits = o.splits[0];
+      t.kw = o.kws[0];
+      if (!o.accs.empty()) t.accs = o.accs[0];
+      opt.tactic = t;
+    }
+    auto u = weights.unpoolers(opt);
+    for (int m : o.ms) {
+      std::printf("profile tp %d m %d tactic %s\n", tp, m, u[0].tactic().to_string().c_str());
+      for (int c = 0; c < 4; ++c) u[c].run(x.get(), out.get(), m, nullptr);
+      CUDA_CHECK(cudaDeviceSynchronize());
+    }
+  }
 }
 
 }  // namespace spark_decode::bench

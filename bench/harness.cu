@@ -34,6 +34,8 @@ __global__ void fill_kernel(__nv_bfloat16* p, size_t n, uint64_t seed) {
   }
 }
 
+__global__ void empty_kernel() {}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
@@ -49,6 +51,24 @@ DeviceMemory::~DeviceMemory() {
 
 void fill_random_bf16(void* p, size_t count, uint64_t seed, cudaStream_t stream) {
   fill_kernel<<<1024, 256, 0, stream>>>(static_cast<__nv_bfloat16*>(p), count, seed);
+  SPARK_CHECK_LAUNCH();
+}
+
+void enqueue_empty(cudaStream_t stream) {
+  empty_kernel<<<1, 32, 0, stream>>>();
+  SPARK_CHECK_LAUNCH();
+}
+
+void enqueue_read(const void* p, size_t bytes, cudaStream_t stream) {
+  static uint32_t* sink = [] {
+    void* s;
+    CUDA_CHECK(cudaMalloc(&s, 4));
+    return static_cast<uint32_t*>(s);
+  }();
+  int sms = 0, dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  read_kernel<<<sms * 4, 512, 0, stream>>>(static_cast<const uint4*>(p), bytes / 16, sink);
   SPARK_CHECK_LAUNCH();
 }
 

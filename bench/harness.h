@@ -65,6 +65,11 @@ class DeviceMemory {
   void* p_ = nullptr;
 };
 
+// Diagnostics: an empty kernel, and a plain streaming read of `bytes` (what
+// a GEMV could at best do with the same bytes, launch included).
+void enqueue_empty(cudaStream_t stream);
+void enqueue_read(const void* p, size_t bytes, cudaStream_t stream);
+
 // Fills `count` BF16 at `p` with N(0,1) draws (device-side, fast).
 void fill_random_bf16(void* p, size_t count, uint64_t seed, cudaStream_t stream = nullptr);
 

@@ -38,7 +38,15 @@ int main(int argc, char** argv) {
   auto* tune = app.add_subcommand("tune", "time every valid tactic (to choose the tactic table)");
   tune->require_subcommand(1);
   auto* tune_unpooler = tune->add_subcommand("unpooler", "every unpooler tactic at the model's shapes");
-  for (CLI::App* c : {bench_unpooler, tune_unpooler}) {
+  auto* profile = app.add_subcommand("profile", "a few eager calls of one kernel, to run under ncu");
+  profile->require_subcommand(1);
+  auto* profile_unpooler = profile->add_subcommand("unpooler", "the unpooler at one tactic");
+  for (CLI::App* c : {tune_unpooler, profile_unpooler}) {
+    c->add_option("--splits", opts.splits, "only these S")->delimiter(',');
+    c->add_option("--kw", opts.kws, "only these kw")->delimiter(',');
+    c->add_option("--accs", opts.accs, "only these accs")->delimiter(',');
+  }
+  for (CLI::App* c : {bench_unpooler, tune_unpooler, profile_unpooler}) {
     c->add_option("--tp", opts.tps, "tensor-parallel sizes")->delimiter(',');
     c->add_option("--m", opts.ms, "batch sizes")->delimiter(',');
     c->add_option("--repeats", opts.repeats, "graph replays per figure (median)");
@@ -60,6 +68,11 @@ int main(int argc, char** argv) {
       std::filesystem::create_directories(opts.out_dir);
       const std::string path = *bench_unpooler ? sd::bench::bench_unpooler(opts) : sd::bench::tune_unpooler(opts);
       std::printf("wrote %s (and .md)\n", path.c_str());
+      return 0;
+    }
+    if (*profile_unpooler) {
+      if (int rc = require_gpu("profile")) return rc;
+      sd::bench::profile_unpooler(opts);
       return 0;
     }
     // The main job: what is here, and does it compute the right thing.

@@ -1,0 +1,153 @@
+// The Lamport mailbox protocol: every stage, slot and word computation of it.
+//
+// Plain C++ compiled by nvcc for the device kernels (publish, gather, the
+// fused consumers, the Unpooler's zero-copy epilogue) and by the host
+// compiler for the CPU model (src/reference/mailbox_model.cpp), so that the
+// model checks the very arithmetic the GPU runs. Nothing here touches memory.
+//
+// Memory of one rank (SPEC §4):
+//   data   BF16 [kStages][tp sources][capacity rows][width]   (raw uint16 bits)
+//   state  int32 [2] (read and written as uint32):
+//     state[kNextWord]   NEXT   = (next_stage << 16) | rows of the last call.
+//                        Written only by this rank's consumers, read by its
+//                        publishers.
+//     state[kActiveWord] ACTIVE = (active_stage << 16) | rows of the call
+//                        before the active one. Written only by this rank's
+//                        publishers (a copy of NEXT), read by its consumers.
+//   Initially NEXT = ACTIVE = 0 (stage 0, nothing to clear) and every data
+//   element holds the sentinel.
+//
+// Call k with b rows (b the same on every rank) on rank q:
+//   publisher: after griddepcontrol.wait, read NEXT -> stage s. Store rows
+//     [0, b) of the source into slot [s][q] of EVERY rank's copy, this rank's
+//     own included, BF16 -0.0 stored as +0.0 (publish_bits). Every CTA writes
+//     ACTIVE = NEXT: the same value from each, so the write is idempotent and
+//     any number of CTAs of any grid (the Unpooler epilogue) may make it.
+//   consumer: after griddepcontrol.wait, read ACTIVE -> (s, b_prev). Spin on
+//     its own copy's slots [s][*] rows [0, b) until no BF16 lane holds the
+//     sentinel (raw bits). Produce the output. Restore the sentinel in its own
+//     copy for stage clear_stage(s) rows [0, b_prev) of every source. Every
+//     CTA writes NEXT = advance_word(s, b) (idempotent).
+//
+// Why three stages (the "at most one call ahead" argument):
+//   publisher k+1 of a rank runs after that rank's consumer k has completed
+//   (stream order + griddepcontrol.wait), and consumer k completes only after
+//   every rank's publisher k has stored into it. So while rank r runs consumer
+//   k, a peer q may be publishing call k+1 into r's copy but never call k+2:
+//   that would need q's consumer k+1 to have seen r's publisher k+1, which
+//   runs after r's consumer k. Rank r's copy therefore has at most three live
+//   stages at once: s_k (being read), s_{k+1} (peers may be writing),
+//   s_{k-1} = s_{k+2} (being cleared). Clearing s_{k-1} is safe:
+//     - no write of call k-1 is still on its way into it: consumer k-1 saw
+//       every element of rows [0, b_{k-1}) of every source non-sentinel, and
+//       each element is written exactly once per call;
+//     - the next writer of that stage is a publisher of call k+2, which as
+//       argued starts only after r's consumer k (and its clear) completed.
+// Stage s_k and s_{k+1} are all-sentinel when call k starts: each stage is
+// cleared (rows of its last use) during the call after it was used.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define SPARK_MAILBOX_HD __host__ __device__ __forceinline__
+#else
+#define SPARK_MAILBOX_HD inline
+#endif
+
+namespace spark_decode::mailbox {
+
+inline constexpr int kStages = 3;
+inline constexpr int kMaxRanks = 8;  // tp in {1, 2, 4, 8}
+inline constexpr int kMaxRows = 0xffff;  // rows must fit the word's low 16 bits
+// BF16 -0.0: "not yet written". Tested on raw bits only: a float compare
+// would also take +0.0, and flush-to-zero turns negative subnormals into -0.0.
+inline constexpr uint16_t kSentinel = 0x8000;
+inline constexpr uint32_t kSentinelPair = 0x80008000u;
+inline constexpr int kNextWord = 0;
+inline constexpr int kActiveWord = 1;
+inline constexpr int kStateWords = 2;
+// One 16-byte vector: the unit every kernel moves, polls and clears.
+inline constexpr int kVecElems = 8;
+
+// The per-rank data layout. width % kVecElems == 0 (checked on the host).
+struct Layout {
+  int tp = 1;
+  int capacity = 16;
+  int width = 0;
+
+  SPARK_MAILBOX_HD int64_t slot_elems() const { return int64_t(capacity) * width; }
+  SPARK_MAILBOX_HD int64_t stage_elems() const { return int64_t(tp) * slot_elems(); }
+  // Elements of one rank's whole copy: [kStages][tp][capacity][width].
+  SPARK_MAILBOX_HD int64_t copy_elems() const { return int64_t(kStages) * stage_elems(); }
+  // Element offset of (stage, source, row, col) within one rank's copy.
+  SPARK_MAILBOX_HD int64_t offset(int stage, int source, int row, int col) const {
+    return (int64_t(stage) * tp + source) * slot_elems() + int64_t(row) * width + col;
+  }
+  // 16-byte vectors per row of one source; a gather row has tp times as many.
+  SPARK_MAILBOX_HD int row_vecs() const { return width / kVecElems; }
+};
+
+// ---- stage words -----------------------------------------------------------
+
+SPARK_MAILBOX_HD uint32_t make_word(int stage, int rows) {
+  return (uint32_t(stage) << 16) | (uint32_t(rows) & 0xffffu);
+}
+SPARK_MAILBOX_HD int word_stage(uint32_t word) { return int(word >> 16); }
+SPARK_MAILBOX_HD int word_rows(uint32_t word) { return int(word & 0xffffu); }
+
+SPARK_MAILBOX_HD int next_stage(int stage) { return (stage + 1) % kStages; }
+// The stage of the call before the one on `stage`: the one a consumer clears.
+SPARK_MAILBOX_HD int clear_stage(int stage) { return (stage + kStages - 1) % kStages; }
+
+// The NEXT word a consumer of a call on `stage` with `rows` rows leaves.
+SPARK_MAILBOX_HD uint32_t advance_word(int stage, int rows) {
+  return make_word(next_stage(stage), rows);
+}
+
+// The stage call k (counting from 0 after construction) runs on: the
+// protocol advances one stage per call. For tests and the model's checks;
+// the kernels never count calls (the stage lives on the device).
+SPARK_MAILBOX_HD int stage_of_call(int64_t call) { return int(call % kStages); }
+
+// ---- payload bits ------------------------------------------------------------
+
+// What a publisher stores for a BF16 value: -0.0 becomes +0.0 so that no
+// published value reads as the sentinel; every other bit pattern (NaN, Inf,
+// subnormals of either sign) is stored unchanged.
+SPARK_MAILBOX_HD uint16_t publish_bits(uint16_t bits) {
+  return bits == kSentinel ? uint16_t(0) : bits;
+}
+// The same on two packed BF16 lanes.
+SPARK_MAILBOX_HD uint32_t publish_pair(uint32_t pair) {
+  const uint32_t lo = (pair & 0xffffu) == kSentinel ? 0u : (pair & 0xffffu);
+  const uint32_t hi = (pair >> 16) == kSentinel ? 0u : (pair & 0xffff0000u);
+  return hi | lo;
+}
+// True if either BF16 lane of a packed pair still holds the sentinel.
+SPARK_MAILBOX_HD bool pair_has_sentinel(uint32_t pair) {
+  return (pair & 0xffffu) == kSentinel || (pair >> 16) == kSentinel;
+}
+// The same over the four words of a 16-byte vector.
+SPARK_MAILBOX_HD bool vec_has_sentinel(uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  return pair_has_sentinel(a) || pair_has_sentinel(b) || pair_has_sentinel(c) ||
+         pair_has_sentinel(d);
+}
+
+// ---- the spin-timeout record ---------------------------------------------
+// A consumer that gives up stores one 32-bit word into host-mapped memory
+// before it traps, so the host can name the slot even though the trap has
+// poisoned the CUDA context. One word, so that the host never reads a mix
+// of two threads' reports: bit 31 valid, bits 24..27 rank, 20..21 stage,
+// 16..19 source, 0..15 row.
+SPARK_MAILBOX_HD uint32_t make_timeout_record(int rank, int stage, int source, int row) {
+  return 0x80000000u | (uint32_t(rank & 0xf) << 24) | (uint32_t(stage & 0x3) << 20) |
+         (uint32_t(source & 0xf) << 16) | (uint32_t(row) & 0xffffu);
+}
+SPARK_MAILBOX_HD bool record_valid(uint32_t r) { return (r >> 31) != 0; }
+SPARK_MAILBOX_HD int record_rank(uint32_t r) { return int((r >> 24) & 0xf); }
+SPARK_MAILBOX_HD int record_stage(uint32_t r) { return int((r >> 20) & 0x3); }
+SPARK_MAILBOX_HD int record_source(uint32_t r) { return int((r >> 16) & 0xf); }
+SPARK_MAILBOX_HD int record_row(uint32_t r) { return int(r & 0xffffu); }
+
+}  // namespace spark_decode::mailbox

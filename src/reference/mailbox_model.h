@@ -1,0 +1,74 @@
+// A CPU model of the Lamport mailbox protocol (SPEC §2.7, §4).
+//
+// Ranks are host threads; every rank's copy lives in host memory as one
+// std::atomic<uint16_t> per BF16 element and its stage state as two
+// std::atomic<uint32_t>. The model runs the exact stage, slot and word
+// arithmetic of the device kernels (kernels/mailbox/protocol.h), so CI, which
+// has no GPU, exercises the protocol itself: stage rotation, clearing, the
+// one-call-ahead bound, variable rows per call, and the spin timeout.
+//
+// How it stands in for the GPU's orderings:
+//   - a kernel boundary on one rank (publisher then consumer, consumer then
+//     the next publisher) is program order within that rank's thread;
+//   - a publisher's peer store is a release store, a consumer's poll an
+//     acquire load. On the GPU the same role is played by the kernel boundary
+//     that precedes every publisher (griddepcontrol.wait): everything the
+//     previous consumer did, its clear included, is performed before the
+//     publisher issues a store. Release/acquire is the C++ way to say that a
+//     peer that saw our data also sees our earlier clears.
+//
+// Thread safety: publish/consume of one rank must be called from one thread
+// at a time (that rank's); different ranks may run concurrently.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "kernels/mailbox/protocol.h"
+#include "spark_decode/error.h"
+
+namespace spark_decode::reference {
+
+// A consumer that waited longer than its timeout for a slot: which one.
+class MailboxTimeout : public RuntimeError {
+ public:
+  MailboxTimeout(int rank, int stage, int source, int row, std::chrono::nanoseconds timeout);
+  int rank, stage, source, row;
+};
+
+class MailboxModel {
+ public:
+  // tp ranks in 1..8, capacity rows in 1..65535, width > 0 and a multiple of 8.
+  MailboxModel(int tp, int capacity, int width);
+
+  const mailbox::Layout& layout() const { return layout_; }
+
+  // Rank `rank`'s publisher: rows [0, b) of src (raw BF16 bits, [b, width]
+  // row-major) into slot [stage][rank] of every rank's copy. 1 <= b <=
+  // capacity, else InvalidArgument and nothing is written.
+  void publish(int rank, const uint16_t* src, int b);
+
+  // Rank `rank`'s consumer: waits for every source's rows [0, b) in its own
+  // copy and writes them to out ([b, tp * width], column block q from source
+  // q), then clears the stage of the call before and advances. Throws
+  // MailboxTimeout (naming rank, stage, source, row) if a slot stays empty
+  // for `timeout`.
+  void consume(int rank, uint16_t* out, int b, std::chrono::nanoseconds timeout);
+
+  // Rank `rank`'s copy, for checks. Reading a stage a peer may be writing
+  // gives either the sentinel or the value being written.
+  uint16_t element(int rank, int stage, int source, int row, int col) const;
+  uint32_t state_word(int rank, int word) const;
+
+ private:
+  void check_call(int rank, int b) const;
+
+  mailbox::Layout layout_;
+  std::vector<std::unique_ptr<std::atomic<uint16_t>[]>> data_;  // [tp] copies
+  std::unique_ptr<std::atomic<uint32_t>[]> state_;              // [tp][2]
+};
+
+}  // namespace spark_decode::reference

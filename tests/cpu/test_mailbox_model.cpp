@@ -1,0 +1,249 @@
+// The mailbox protocol on the CPU model: ranks as threads over host memory.
+//
+// Expected values come from the spec, not from protocol.h: call k runs on
+// stage k % 3, the layout is [3][tp][capacity][width], NEXT after call k is
+// ((k + 1) % 3 << 16) | b_k, -0.0 arrives as +0.0, everything else bit for bit.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "mailbox_payload.h"
+#include "reference/mailbox_model.h"
+
+namespace sd = spark_decode;
+using sd::reference::MailboxModel;
+using sd::reference::MailboxTimeout;
+using sd::testing::arrived_bits;
+using sd::testing::payload_bits;
+
+namespace {
+
+constexpr uint16_t kSentinel = 0x8000;
+
+uint64_t fresh_seed(const char* test) {
+  const uint64_t seed = (uint64_t(std::random_device{}()) << 32) | std::random_device{}();
+  std::printf("[%s] seed %llu\n", test, static_cast<unsigned long long>(seed));
+  return seed;
+}
+
+// The first failure of each rank, reported after the threads join (one
+// message per rank instead of a flood).
+struct Failures {
+  std::mutex mu;
+  std::vector<std::string> messages;
+  void add(int rank, const std::string& what) {
+    std::lock_guard<std::mutex> lock(mu);
+    messages.push_back("rank " + std::to_string(rank) + ": " + what);
+  }
+};
+
+std::string at(int64_t call, int stage, int source, int row, int col) {
+  return "call " + std::to_string(call) + " stage " + std::to_string(stage) + " source " +
+         std::to_string(source) + " row " + std::to_string(row) + " col " + std::to_string(col);
+}
+
+// Runs `calls` calls on every rank of a tp-rank model with random rows per
+// call and random delays; each rank checks its output and its own copy after
+// every call. Returns the failures.
+std::vector<std::string> run_many_calls(int tp, int calls, int capacity, int width, uint64_t seed) {
+  MailboxModel model(tp, capacity, width);
+  std::mt19937_64 rng(seed);
+  std::vector<int> rows(calls + 1);
+  for (int& b : rows) b = std::uniform_int_distribution<int>(1, capacity)(rng);
+  Failures failures;
+
+  auto rank_main = [&](int rank) {
+    std::mt19937 delay_rng(static_cast<uint32_t>(seed * 31 + rank));
+    std::vector<uint16_t> src(size_t(capacity) * width), out(size_t(capacity) * tp * width);
+    const int out_width = tp * width;
+    for (int64_t k = 0; k < calls; ++k) {
+      const int b = rows[k];
+      const int stage = int(k % 3), next = int((k + 1) % 3), before = int((k + 2) % 3);
+      // Random delays: ranks drift apart by up to a call (the protocol's bound).
+      const int roll = int(delay_rng() % 32);
+      if (roll == 0)
+        std::this_thread::sleep_for(std::chrono::microseconds(delay_rng() % 300));
+      else if (roll < 8)
+        for (int i = int(delay_rng() % 4); i > 0; --i) std::this_thread::yield();
+
+      for (int row = 0; row < b; ++row)
+        for (int col = 0; col < width; ++col)
+          src[size_t(row) * width + col] = payload_bits(seed, k, rank, row, col);
+      model.publish(rank, src.data(), b);
+      if (delay_rng() % 16 == 0) std::this_thread::yield();
+
+      std::fill(out.begin(), out.end(), uint16_t(0x7fbf));  // poison; rows >= b must keep it
+      try {
+        model.consume(rank, out.data(), b, std::chrono::seconds(20));
+      } catch (const std::exception& e) {
+        failures.add(rank, std::string("consume threw: ") + e.what());
+        return;
+      }
+      for (int row = 0; row < capacity; ++row)
+        for (int c = 0; c < out_width; ++c) {
+          const int q = c / width, col = c % width;
+          const uint16_t want =
+              row < b ? arrived_bits(payload_bits(seed, k, q, row, col)) : uint16_t(0x7fbf);
+          if (out[size_t(row) * out_width + c] != want) {
+            failures.add(rank, "output " + at(k, stage, q, row, col) + ": got " +
+                                   std::to_string(out[size_t(row) * out_width + c]) +
+                                   " want " + std::to_string(want));
+            return;
+          }
+        }
+      // Own copy. Stage of this call: rows < b hold what was published,
+      // rows >= b were never written. Stage of the call before: cleared.
+      // Stage of the next call: peers may be writing rows < b_{k+1} now;
+      // rows >= b_{k+1} must still be the sentinel.
+      for (int q = 0; q < tp; ++q)
+        for (int row = 0; row < capacity; ++row)
+          for (int col = 0; col < width; ++col) {
+            const uint16_t cur = model.element(rank, stage, q, row, col);
+            const uint16_t want =
+                row < b ? arrived_bits(payload_bits(seed, k, q, row, col)) : kSentinel;
+            if (cur != want) {
+              failures.add(rank, "copy " + at(k, stage, q, row, col) + ": got " +
+                                     std::to_string(cur) + " want " + std::to_string(want));
+              return;
+            }
+            if (model.element(rank, before, q, row, col) != kSentinel) {
+              failures.add(rank, "not cleared: " + at(k, before, q, row, col));
+              return;
+            }
+            const uint16_t ahead = model.element(rank, next, q, row, col);
+            const bool ok = ahead == kSentinel ||
+                            (row < rows[k + 1] &&
+                             ahead == arrived_bits(payload_bits(seed, k + 1, q, row, col)));
+            if (!ok) {
+              failures.add(rank, "stray write: " + at(k + 1, next, q, row, col));
+              return;
+            }
+          }
+      const uint32_t want_next = (uint32_t(next) << 16) | uint32_t(b);
+      if (model.state_word(rank, 0) != want_next) {
+        failures.add(rank, "NEXT after call " + std::to_string(k) + " = " +
+                               std::to_string(model.state_word(rank, 0)) + " want " +
+                               std::to_string(want_next));
+        return;
+      }
+    }
+  };
+
+  std::vector<std::thread> threads;
+  for (int r = 0; r < tp; ++r) threads.emplace_back(rank_main, r);
+  for (auto& t : threads) t.join();
+  return failures.messages;
+}
+
+class MailboxModelRanks : public ::testing::TestWithParam<int> {};
+
+TEST_P(MailboxModelRanks, ThousandsOfCallsWithRandomRowsAndDelays) {
+  const int tp = GetParam();
+  const int calls = tp == 8 ? 2000 : 4000;
+  const uint64_t seed = fresh_seed("mailbox model");
+  const auto failures = run_many_calls(tp, calls, /*capacity=*/16, /*width=*/16, seed);
+  for (const auto& f : failures) ADD_FAILURE() << f;
+}
+
+INSTANTIATE_TEST_SUITE_P(Tp, MailboxModelRanks, ::testing::Values(2, 4, 8));
+
+TEST(MailboxModel, CapacityOfOneRowAndWideRows) {
+  // The smallest capacity (every call b = 1) and rows of several vectors.
+  const uint64_t seed = fresh_seed("mailbox model capacity 1");
+  for (const auto& f : run_many_calls(2, 600, /*capacity=*/1, /*width=*/40, seed)) ADD_FAILURE() << f;
+}
+
+TEST(MailboxModel, FirstPublishLandsInTheSpecLayout) {
+  // Sequential: rank 0 publishes 3 rows of stage 0; every other element of
+  // both copies stays the sentinel. Offsets computed here from the spec's
+  // [3][tp][capacity][width] layout.
+  const int tp = 2, cap = 4, width = 8;
+  MailboxModel model(tp, cap, width);
+  std::vector<uint16_t> src(3 * width);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = uint16_t(0x3f80 + i);  // 1.0, then above
+  src[5] = 0x8000;
+  model.publish(0, src.data(), 3);
+  for (int r = 0; r < tp; ++r)
+    for (int s = 0; s < 3; ++s)
+      for (int q = 0; q < tp; ++q)
+        for (int row = 0; row < cap; ++row)
+          for (int col = 0; col < width; ++col) {
+            const bool written = s == 0 && q == 0 && row < 3;
+            const uint16_t want = written ? (row * width + col == 5 ? 0 : src[row * width + col])
+                                          : kSentinel;
+            ASSERT_EQ(model.element(r, s, q, row, col), want) << "copy " << r << " " << at(0, s, q, row, col);
+          }
+  EXPECT_EQ(model.state_word(0, 1), 0u);  // ACTIVE = NEXT = 0 on the first call
+}
+
+TEST(MailboxModel, RefusesRowsOutsideCapacityWithoutWriting) {
+  MailboxModel model(2, 4, 8);
+  std::vector<uint16_t> buf(8 * 2 * 8, 0x1234);
+  EXPECT_THROW(model.publish(0, buf.data(), 5), sd::InvalidArgument);
+  EXPECT_THROW(model.publish(0, buf.data(), 0), sd::InvalidArgument);
+  EXPECT_THROW(model.consume(0, buf.data(), 5, std::chrono::milliseconds(1)), sd::InvalidArgument);
+  EXPECT_THROW(model.publish(2, buf.data(), 1), sd::InvalidArgument);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(model.state_word(r, 0), 0u);
+    EXPECT_EQ(model.state_word(r, 1), 0u);
+    for (int s = 0; s < 3; ++s)
+      for (int q = 0; q < 2; ++q)
+        for (int row = 0; row < 4; ++row)
+          for (int col = 0; col < 8; ++col) ASSERT_EQ(model.element(r, s, q, row, col), kSentinel);
+  }
+  EXPECT_THROW(MailboxModel(9, 4, 8), sd::InvalidArgument);
+  EXPECT_THROW(MailboxModel(2, 4, 12), sd::InvalidArgument);
+  EXPECT_THROW(MailboxModel(2, 0, 8), sd::InvalidArgument);
+}
+
+TEST(MailboxModel, RankThatStopsPublishingTimesOutTheOthers) {
+  const int tp = 4, stop_at = 37, cap = 8, width = 8;
+  const auto timeout = std::chrono::milliseconds(150);
+  const uint64_t seed = fresh_seed("mailbox model timeout");
+  MailboxModel model(tp, cap, width);
+  std::mt19937_64 rng(seed);
+  std::vector<int> rows(stop_at + 1);
+  for (int& b : rows) b = std::uniform_int_distribution<int>(1, cap)(rng);
+  Failures failures;
+  std::vector<int> timed_out(tp, 0);
+
+  auto rank_main = [&](int rank) {
+    std::vector<uint16_t> src(cap * width), out(cap * tp * width);
+    // Rank tp - 1 goes silent at call stop_at; the others run one call more.
+    const int last = rank == tp - 1 ? stop_at - 1 : stop_at;
+    for (int k = 0; k <= last; ++k) {
+      for (int i = 0; i < rows[k] * width; ++i) src[i] = payload_bits(seed, k, rank, i / width, i % width);
+      model.publish(rank, src.data(), rows[k]);
+      const auto start = std::chrono::steady_clock::now();
+      try {
+        model.consume(rank, out.data(), rows[k], timeout);
+        if (k == stop_at) failures.add(rank, "call " + std::to_string(k) + " did not time out");
+      } catch (const MailboxTimeout& e) {
+        const auto waited = std::chrono::steady_clock::now() - start;
+        const std::string what = e.what();
+        if (k != stop_at || e.rank != rank || e.source != tp - 1 || e.stage != stop_at % 3 ||
+            e.row < 0 || e.row >= rows[k] || waited < timeout || waited > timeout + std::chrono::seconds(5) ||
+            what.find("rank " + std::to_string(rank)) == std::string::npos ||
+            what.find("source " + std::to_string(tp - 1)) == std::string::npos ||
+            what.find("stage " + std::to_string(stop_at % 3)) == std::string::npos)
+          failures.add(rank, "wrong timeout at call " + std::to_string(k) + ": " + what);
+        timed_out[rank] = 1;
+        return;
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int r = 0; r < tp; ++r) threads.emplace_back(rank_main, r);
+  for (auto& t : threads) t.join();
+  for (const auto& f : failures.messages) ADD_FAILURE() << f;
+  for (int r = 0; r < tp - 1; ++r) EXPECT_EQ(timed_out[r], 1) << "rank " << r;
+  EXPECT_EQ(timed_out[tp - 1], 0);
+}
+
+}  // namespace

@@ -1,0 +1,61 @@
+// spark_decode/group.h: the rendezvous a mailbox is built over.
+//
+// A Group is one rank's handle on a set of `size()` ranks: its rank, an
+// all-gather of bytes and a barrier. Host-only, blocking, collective: every
+// rank calls the same operations in the same order. It is used at
+// construction and teardown of symmetric memory and mailboxes, never on the
+// decode path (no CUDA work, no device memory).
+//
+// Implementations:
+//   InProcessGroup  ranks are threads of one process (one thread per GPU);
+//   MpiGroup        spark_decode/mpi_group.h, one process per rank (built
+//                   when CMake finds MPI: SPARK_DECODE_HAS_MPI);
+//   a torch.distributed one comes with the PyTorch binding.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace spark_decode {
+
+class Group {
+ public:
+  virtual ~Group() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Every rank passes `bytes` bytes (the same count on every rank, else
+  // InvalidArgument on every rank that can tell); returns size() * bytes
+  // bytes, rank i's at [i * bytes, (i + 1) * bytes).
+  virtual std::vector<uint8_t> all_gather(const void* data, size_t bytes) = 0;
+  // Returns once every rank has entered it.
+  virtual void barrier() = 0;
+};
+
+// Ranks as threads of one process. Create one Shared for `size` ranks, hand
+// it to every thread, and let thread r build InProcessGroup(shared, r).
+// A rank that waits longer than `timeout` for the others throws
+// RuntimeError (naming the ranks that did not arrive) instead of hanging;
+// the group is then broken: every later call on any rank throws.
+class InProcessGroup final : public Group {
+ public:
+  class Shared;
+  static std::shared_ptr<Shared> make_shared(
+      int size, std::chrono::milliseconds timeout = std::chrono::seconds(120));
+
+  InProcessGroup(std::shared_ptr<Shared> shared, int rank);
+  ~InProcessGroup() override;
+
+  int rank() const override { return rank_; }
+  int size() const override;
+  std::vector<uint8_t> all_gather(const void* data, size_t bytes) override;
+  void barrier() override;
+
+ private:
+  std::shared_ptr<Shared> shared_;
+  int rank_;
+};
+
+}  // namespace spark_decode

@@ -1,0 +1,133 @@
+// InProcessGroup: ranks as threads.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdio>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "mailbox_payload.h"
+#include "spark_decode/error.h"
+#include "spark_decode/group.h"
+
+namespace sd = spark_decode;
+using sd::testing::splitmix64;
+
+namespace {
+
+// Rank r's bytes in round `round`: a pure function, so each rank can check
+// every other rank's piece.
+std::vector<uint8_t> piece(uint64_t seed, int rank, int round, size_t bytes) {
+  std::vector<uint8_t> v(bytes);
+  for (size_t i = 0; i < bytes; ++i)
+    v[i] = uint8_t(splitmix64(seed ^ (uint64_t(rank) << 48) ^ (uint64_t(round) << 24) ^ i));
+  return v;
+}
+
+template <typename Fn>
+std::vector<std::string> run_ranks(int size, Fn fn) {
+  std::mutex mu;
+  std::vector<std::string> failures;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        fn(r);
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lock(mu);
+        failures.push_back("rank " + std::to_string(r) + " threw: " + e.what());
+      }
+    });
+  for (auto& t : threads) t.join();
+  return failures;
+}
+
+TEST(InProcessGroup, AllGatherAndBarrierOverManyRounds) {
+  const uint64_t seed = (uint64_t(std::random_device{}()) << 32) | std::random_device{}();
+  std::printf("[group] seed %llu\n", static_cast<unsigned long long>(seed));
+  for (int size : {1, 2, 4, 8}) {
+    auto shared = sd::InProcessGroup::make_shared(size, std::chrono::seconds(30));
+    std::atomic<int> arrivals{0};
+    std::mutex mu;
+    std::vector<std::string> mismatches;
+    const auto failures = run_ranks(size, [&](int r) {
+      sd::InProcessGroup group(shared, r);
+      ASSERT_EQ(group.rank(), r);
+      ASSERT_EQ(group.size(), size);
+      for (int round = 0; round < 200; ++round) {
+        const size_t bytes = splitmix64(seed + round) % 300;  // same on every rank, 0 included
+        const auto mine = piece(seed, r, round, bytes);
+        const auto all = group.all_gather(mine.data(), bytes);
+        bool ok = all.size() == bytes * size;
+        for (int q = 0; ok && q < size; ++q)
+          ok = std::equal(all.begin() + q * bytes, all.begin() + (q + 1) * bytes,
+                          piece(seed, q, round, bytes).begin());
+        arrivals.fetch_add(1);
+        group.barrier();
+        // Nobody leaves a barrier before everyone has entered it.
+        const int seen = arrivals.load();
+        if (!ok || seen < size * (round + 1)) {
+          std::lock_guard<std::mutex> lock(mu);
+          mismatches.push_back("size " + std::to_string(size) + " rank " + std::to_string(r) +
+                               " round " + std::to_string(round) + (ok ? " barrier" : " gather"));
+          return;
+        }
+        group.barrier();  // the counter check above must not see the next round
+      }
+    });
+    for (const auto& f : failures) ADD_FAILURE() << f;
+    for (const auto& f : mismatches) ADD_FAILURE() << f;
+  }
+}
+
+TEST(InProcessGroup, UnequalSizesAreRefusedOnEveryRank) {
+  auto shared = sd::InProcessGroup::make_shared(3, std::chrono::seconds(30));
+  std::atomic<int> refused{0};
+  const auto failures = run_ranks(3, [&](int r) {
+    sd::InProcessGroup group(shared, r);
+    std::vector<uint8_t> data(8 + (r == 1));
+    try {
+      group.all_gather(data.data(), data.size());
+    } catch (const sd::InvalidArgument&) {
+      refused.fetch_add(1);
+    }
+    group.barrier();  // the group still works afterwards
+  });
+  for (const auto& f : failures) ADD_FAILURE() << f;
+  EXPECT_EQ(refused.load(), 3);
+}
+
+TEST(InProcessGroup, MissingRankTimesOutNamingIt) {
+  auto shared = sd::InProcessGroup::make_shared(3, std::chrono::milliseconds(200));
+  std::vector<std::string> errors(3);
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)  // rank 2 never comes
+    threads.emplace_back([&, r] {
+      sd::InProcessGroup group(shared, r);
+      try {
+        group.barrier();
+      } catch (const sd::RuntimeError& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  for (int r = 0; r < 2; ++r)
+    EXPECT_NE(errors[r].find("rank(s) 2 never arrived"), std::string::npos) << errors[r];
+  // Broken for good: a late rank fails at once instead of waiting.
+  sd::InProcessGroup late(shared, 2);
+  EXPECT_THROW(late.barrier(), sd::RuntimeError);
+}
+
+TEST(InProcessGroup, RefusesBadConstruction) {
+  EXPECT_THROW(sd::InProcessGroup::make_shared(0), sd::InvalidArgument);
+  auto shared = sd::InProcessGroup::make_shared(2);
+  EXPECT_THROW(sd::InProcessGroup(shared, 2), sd::InvalidArgument);
+  EXPECT_THROW(sd::InProcessGroup(nullptr, 0), sd::InvalidArgument);
+}
+
+}  // namespace

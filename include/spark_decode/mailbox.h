@@ -1,0 +1,178 @@
+// spark_decode/mailbox.h: the Lamport mailbox (SPEC §2.2, §4).
+//
+// Every rank of a tensor-parallel group publishes a block of `width` BF16
+// columns for b rows; every rank gathers all tp blocks into full rows,
+// [b, tp * width], with no host round trip and no NCCL. Publishers write
+// straight into every rank's copy with peer-to-peer stores over NVLink
+// (peer-mapped memory: CUDA IPC across processes, peer access within one);
+// the data is its own flag: BF16 -0.0 (bits 0x8000) means "not yet written",
+// publishers store -0.0 as +0.0, and consumers spin until no lane of their
+// rows holds the sentinel. No NVLink multicast.
+//
+// Memory per rank (SymmetricMemory over the group, allocated and filled at
+// construction):
+//   data   BF16 [3 stages][tp sources][capacity rows][width], 256-byte aligned
+//   state  int32 [2]: NEXT (written by consumers) and ACTIVE (written by
+//          publishers); stage << 16 | rows. See src/kernels/mailbox/protocol.h.
+// The stage advances on the device, once per call, so a captured CUDA graph
+// replays correctly any number of times.
+//
+// Calls. One call = publish(b) then a consumer (gather(b), or a fused
+// consumer of a later component) on every rank, in the same order on every
+// rank, with the same b (1 <= b <= capacity) on every rank. Nothing else may
+// run a publisher or consumer of this mailbox in between. Kernels that run
+// between the publisher and the consumer on a stream, or between the
+// consumer and the next publisher, must be ordinary stream-ordered kernels
+// (or, with programmatic dependent launch, call griddepcontrol.wait before
+// they end): the protocol's ordering rests on each mailbox kernel's
+// griddepcontrol.wait seeing every earlier grid of the stream complete.
+//
+// Requirements (checked; InvalidArgument, nothing launched):
+//   tp == group.size() in 1..8, rank == group.rank(), 1 <= capacity <= 65535,
+//   width > 0 and width % 8 == 0, device of compute capability 9.0 or newer
+//   (RuntimeError below), every pair of GPUs peer-to-peer capable
+//   (RuntimeError naming the pair);
+//   publish: src device pointer to b contiguous rows of `width` BF16,
+//            16-byte aligned, on the mailbox's device;
+//   gather:  out device pointer to b contiguous rows of tp * width BF16,
+//            16-byte aligned, on the mailbox's device, not the mailbox;
+//   1 <= b <= capacity; the mailbox's device current on the calling thread.
+//
+// What publish/gather may not do: allocate, synchronise, or prepare
+// kernels. Both are CUDA-graph capturable (each enqueues one kernel).
+//
+// Spin timeout: a consumer that waits longer than Options::spin_timeout_s
+// for a slot printf's rank, stage, source and row and traps. A trap poisons
+// the CUDA context of that device for the rest of the process: every later
+// CUDA call on it fails. synchronize() turns the failure into a
+// RuntimeError that names the slot; the process should then exit.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "spark_decode/group.h"
+#include "spark_decode/symmetric_memory.h"
+#include "spark_decode/types.h"
+
+namespace spark_decode {
+
+// Filler of the optional guard regions around a mailbox's allocation.
+inline constexpr uint8_t kMailboxGuardByte = 0xa5;
+inline constexpr int kMailboxMaxRanks = 8;
+inline constexpr int kMailboxStages = 3;
+
+class LamportMailbox {
+ public:
+  struct Options {
+    // A consumer traps after waiting this long for one slot.
+    double spin_timeout_s = 5.0;
+    // Bytes of kMailboxGuardByte before and after the data and state in the
+    // allocation (for tests that check nothing writes outside the mailbox).
+    size_t guard_bytes = 0;
+  };
+  struct PublishOptions {
+    int threads = 128;            // threads per CTA, a multiple of 32 in [32, 1024]
+    bool enable_pdl = true;       // programmatic dependent launch
+    // A system-scope fence before the peer stores. Not needed by the
+    // protocol (the kernel boundary orders the previous consumer's clear
+    // before this publisher's stores; see protocol.h); kept as the seed's
+    // switch for experiments.
+    bool release_before_store = false;
+  };
+  struct GatherOptions {
+    int threads = 128;  // threads per CTA, a multiple of 32 in [32, 1024]
+    bool enable_pdl = true;
+  };
+
+  // Collective over `group`: every rank constructs its mailbox with the same
+  // tp, capacity, width and options. Returns after every rank's copy is
+  // initialised (a group barrier), so no peer can publish into a copy
+  // before its owner has filled it with the sentinel.
+  LamportMailbox(Group& group, int tp, int rank, int capacity, int width, int device,
+                 Options options);
+  LamportMailbox(Group& group, int tp, int rank, int capacity, int width, int device)
+      : LamportMailbox(group, tp, rank, capacity, width, device, Options{}) {}
+  // Not collective and not synchronising with peers: call barrier() on every
+  // rank first, so that no peer still writes into this rank's copy.
+  ~LamportMailbox();
+  LamportMailbox(const LamportMailbox&) = delete;
+  LamportMailbox& operator=(const LamportMailbox&) = delete;
+
+  // Rows [0, b) of src [b, width] into this rank's slot of every rank's
+  // copy, at the stage the device state names.
+  void publish(const void* src, int b, cudaStream_t stream, const PublishOptions& options);
+  void publish(const void* src, int b, cudaStream_t stream) {
+    publish(src, b, stream, PublishOptions{});
+  }
+  void publish(const TensorRef& src, cudaStream_t stream, const PublishOptions& options);
+  void publish(const TensorRef& src, cudaStream_t stream) {
+    publish(src, stream, PublishOptions{});
+  }
+
+  // The plain gather consumer: out[i, q * width + j] = rank q's published
+  // row i, column j, for i < b; then clears the previous call's stage and
+  // advances. Grid (b, ceil(tp * width / 8 / threads)), one thread per 8
+  // columns of one row.
+  void gather(void* out, int b, cudaStream_t stream, const GatherOptions& options);
+  void gather(void* out, int b, cudaStream_t stream) { gather(out, b, stream, GatherOptions{}); }
+  void gather(const TensorRef& out, cudaStream_t stream, const GatherOptions& options);
+  void gather(const TensorRef& out, cudaStream_t stream) { gather(out, stream, GatherOptions{}); }
+
+  // cudaStreamSynchronize(stream), with a spin timeout reported as a
+  // RuntimeError naming rank, stage, source and row.
+  void synchronize(cudaStream_t stream) const;
+  // The same check for an error a caller got from its own synchronisation.
+  void raise_if_failed(cudaError_t err) const;
+  // The timeout this rank's consumers recorded, if any.
+  std::optional<std::string> timeout_report() const;
+
+  // Collective, not capturable: waits for every rank, runs one publish +
+  // gather of zero rows (capacity rows) on `stream` so that first-launch
+  // costs are paid here, synchronises, and waits for every rank again.
+  // Allocates (and frees) scratch: call it before capture.
+  void warm_up(cudaStream_t stream);
+  // Collective: synchronises this rank's device, then the group.
+  void barrier();
+
+  // ---- what the kernels of later components need ----
+  int tp() const { return tp_; }
+  int rank() const { return rank_; }
+  int capacity() const { return capacity_; }
+  int width() const { return width_; }
+  int device() const { return device_; }
+  uint64_t spin_timeout_ns() const { return spin_timeout_ns_; }
+  // Every rank's copy (data [3][tp][capacity][width] BF16) as this rank's
+  // device addresses it; copies()[rank()] == local().
+  const std::vector<void*>& copies() const { return copies_; }
+  void* local() const { return copies_[rank_]; }
+  // This rank's stage state, int32 [2] (NEXT, ACTIVE) in device memory.
+  int32_t* stage_state() const { return state_; }
+  // The host-mapped uint32 a timing-out consumer reports into (device address).
+  uint32_t* timeout_record() const { return record_device_; }
+  // Bytes of one copy's data.
+  size_t copy_bytes() const;
+  // The whole allocation, guards included, and where data and state sit in it.
+  const SymmetricMemory& memory() const { return *memory_; }
+  size_t data_offset() const { return data_offset_; }
+  size_t state_offset() const { return state_offset_; }
+
+ private:
+  int tp_, rank_, capacity_, width_, device_;
+  uint64_t spin_timeout_ns_;
+  size_t data_offset_ = 0, state_offset_ = 0;
+  Group* group_;
+  std::unique_ptr<SymmetricMemory> memory_;
+  std::vector<void*> copies_;
+  int32_t* state_ = nullptr;
+  uint32_t* record_host_ = nullptr;
+  uint32_t* record_device_ = nullptr;
+};
+
+}  // namespace spark_decode

@@ -1,0 +1,147 @@
+// The device-side steps of the Lamport mailbox, shared by every kernel that
+// publishes into or consumes from one: the mailbox's own publish and gather
+// kernels, the Pooler's fused gather + norm + NVFP4 consumer, and the
+// Unpooler's zero-copy epilogue. Stage and slot arithmetic comes from
+// protocol.h; memory-ordering instructions from common/ptx.cuh.
+//
+// The orderings each step relies on:
+//   1. Publisher after consumer on one rank (reading NEXT, and the previous
+//      consumer's clear being performed before new stores land): the
+//      publisher calls griddepcontrol.wait first, which returns only when
+//      every earlier grid of the stream has completed and its memory is
+//      visible. The clear stores are thereby performed (in this GPU's L2,
+//      the point of coherence of its memory) before any store of the next
+//      call is issued, and peers' stores of the call after that arrive
+//      later still (protocol.h: they are caused by this publisher's data).
+//   2. Consumer after publisher on one rank (reading ACTIVE): the same
+//      kernel boundary via griddepcontrol.wait.
+//   3. Publisher on rank q to consumer on rank r: no fence, no flag. The
+//      data is the flag (Lamport): each 16-byte vector is polled until no
+//      BF16 lane holds the sentinel, and every 32-bit word is single-copy
+//      atomic (ptx::ld_volatile_v4 / st_volatile_v4), so a lane is either
+//      the sentinel or its final value; each lane is checked on its own, so
+//      vectors torn between words are harmless. The consumer reads nothing
+//      else of the publisher's.
+//   4. Polling loads are volatile (relaxed, system scope): they bypass L1
+//      and go to L2 every time, where a peer's NVLink store lands. A weak
+//      load could be served from a stale L1 line forever.
+//   5. State words are read after griddepcontrol.wait and written with
+//      relaxed system-scope stores: their readers run in later grids (1, 2);
+//      every CTA writes the same value, so any number of writers is fine.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+#include <cstdio>
+
+#include "kernels/common/ptx.cuh"
+#include "kernels/mailbox/protocol.h"
+
+namespace spark_decode::kernels::mailbox_dev {
+
+using spark_decode::mailbox::Layout;
+
+// What a consumer needs to give up cleanly.
+struct SpinLimit {
+  uint64_t timeout_ns;  // per slot
+  uint32_t* record;     // host-mapped (LamportMailbox::timeout_record()), may be null
+  int rank;             // for the report
+};
+
+// ---- stage words -------------------------------------------------------------
+
+// Publisher: the stage this call writes (after griddepcontrol.wait).
+__device__ __forceinline__ uint32_t read_next(const int32_t* state) {
+  return ptx::ld_relaxed_sys_u32(reinterpret_cast<const uint32_t*>(state) + mailbox::kNextWord);
+}
+// Publisher: ACTIVE = NEXT. Idempotent; every CTA may call it.
+__device__ __forceinline__ void set_active(int32_t* state, uint32_t next_word) {
+  ptx::st_relaxed_sys_u32(reinterpret_cast<uint32_t*>(state) + mailbox::kActiveWord, next_word);
+}
+// Consumer: the stage this call reads and the rows of the call before
+// (after griddepcontrol.wait).
+__device__ __forceinline__ uint32_t read_active(const int32_t* state) {
+  return ptx::ld_relaxed_sys_u32(reinterpret_cast<const uint32_t*>(state) + mailbox::kActiveWord);
+}
+// Consumer: NEXT = the following stage and this call's rows. Idempotent.
+__device__ __forceinline__ void advance(int32_t* state, uint32_t active_word, int rows) {
+  ptx::st_relaxed_sys_u32(reinterpret_cast<uint32_t*>(state) + mailbox::kNextWord,
+                          mailbox::advance_word(mailbox::word_stage(active_word), rows));
+}
+
+// ---- publishing ----------------------------------------------------------------
+
+// A 16-byte vector as it is published: -0.0 lanes become +0.0.
+__device__ __forceinline__ uint4 publish_vec(uint4 v) {
+  v.x = mailbox::publish_pair(v.x);
+  v.y = mailbox::publish_pair(v.y);
+  v.z = mailbox::publish_pair(v.z);
+  v.w = mailbox::publish_pair(v.w);
+  return v;
+}
+
+// Stores an already published vector at element offset `offset` of every
+// rank's copy: peers first (their latency overlaps the rest), own copy last.
+// copies[q] is rank q's copy as this device addresses it.
+__device__ __forceinline__ void store_to_all(uint16_t* const (&copies)[mailbox::kMaxRanks], int tp,
+                                             int rank, int64_t offset, uint4 v) {
+  // Constant indices only: a runtime index into the parameter array would
+  // copy it to local memory.
+#pragma unroll
+  for (int q = 0; q < mailbox::kMaxRanks; ++q)
+    if (q < tp && q != rank) ptx::st_volatile_v4(copies[q] + offset, v);
+#pragma unroll
+  for (int q = 0; q < mailbox::kMaxRanks; ++q)
+    if (q == rank) ptx::st_volatile_v4(copies[q] + offset, v);
+}
+
+// ---- consuming -------------------------------------------------------------------
+
+// Reports a slot that never filled and kills the grid. Out of line: the hot
+// loop stays small.
+__device__ __noinline__ void spin_timeout(SpinLimit limit, int stage, int source, int row) {
+  if (limit.record != nullptr) {
+    ptx::st_relaxed_sys_u32(limit.record, mailbox::make_timeout_record(limit.rank, stage, source, row));
+    ptx::fence_acq_rel_sys();  // the record reaches host memory before the trap
+  }
+  printf("spark-decode mailbox: spin timeout on rank %d: stage %d, source %d, row %d not "
+         "published within %llu ns (a peer is missing, late or out of order); trapping\n",
+         limit.rank, stage, source, row, static_cast<unsigned long long>(limit.timeout_ns));
+  __trap();
+}
+
+__device__ __forceinline__ bool vec_has_sentinel(const uint4& v) {
+  return mailbox::vec_has_sentinel(v.x, v.y, v.z, v.w);
+}
+
+// Spins on the 16-byte vector at `ptr` (in this rank's own copy) until no
+// BF16 lane holds the sentinel; returns it. Traps after limit.timeout_ns.
+__device__ __forceinline__ uint4 poll_vec(const uint16_t* ptr, const SpinLimit& limit, int stage,
+                                          int source, int row) {
+  uint4 v = ptx::ld_volatile_v4(ptr);
+  if (!vec_has_sentinel(v)) return v;
+  const uint64_t start = ptx::globaltimer_ns();
+  while (true) {
+    v = ptx::ld_volatile_v4(ptr);
+    if (!vec_has_sentinel(v)) return v;
+    if (ptx::globaltimer_ns() - start > limit.timeout_ns) spin_timeout(limit, stage, source, row);
+  }
+}
+
+// Restores the sentinel in this rank's own copy for stage `stage`, source
+// `source`, columns [col, col + 8), rows row_begin, row_begin + row_step, ...
+// below `rows`. Called with the stage and rows of the call before the
+// current one (mailbox::clear_stage, word_rows(ACTIVE)): protocol.h argues
+// no peer writes that stage now. Plain stores: the next writer of the stage
+// runs after a kernel boundary of this rank (ordering 1 above).
+__device__ __forceinline__ void clear_rows(uint16_t* copy, const Layout& layout, int stage,
+                                           int source, int col, int row_begin, int row_step,
+                                           int rows) {
+  const uint4 sentinel = make_uint4(mailbox::kSentinelPair, mailbox::kSentinelPair,
+                                    mailbox::kSentinelPair, mailbox::kSentinelPair);
+  for (int row = row_begin; row < rows; row += row_step)
+    ptx::st_v4(copy + layout.offset(stage, source, row, col), sentinel);
+}
+
+}  // namespace spark_decode::kernels::mailbox_dev

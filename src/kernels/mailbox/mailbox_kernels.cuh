@@ -1,0 +1,77 @@
+// The mailbox's own kernels: publish and the plain gather consumer.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include "kernels/mailbox/mailbox_device.cuh"
+
+namespace spark_decode::kernels {
+
+struct MailboxPublishArgs {
+  const __nv_bfloat16* src;                   // [b, width], this rank's block
+  uint16_t* copies[mailbox::kMaxRanks];       // every rank's copy, as mapped here
+  int32_t* state;                             // this rank's stage state
+  mailbox::Layout layout;
+  int rank;
+  int b;
+};
+
+// One thread per 16-byte vector of the b source rows; each stores its vector
+// into all tp copies. Grid ceil(b * width / 8 / threads).
+template <bool kReleaseBeforeStore>
+__global__ void mailbox_publish_kernel(const MailboxPublishArgs a) {
+  // The source rows come from the previous grid and NEXT from the previous
+  // consumer: nothing may be read before this.
+  ptx::griddep_wait();
+  ptx::griddep_launch_dependents();
+  const uint32_t next = mailbox_dev::read_next(a.state);
+  if (threadIdx.x == 0) mailbox_dev::set_active(a.state, next);
+
+  const int vecs = a.layout.row_vecs();
+  const int v = blockIdx.x * blockDim.x + threadIdx.x;
+  if (v >= a.b * vecs) return;
+  const int row = v / vecs, col = (v % vecs) * mailbox::kVecElems;
+  const uint4 data =
+      mailbox_dev::publish_vec(ptx::ld_v4(a.src + int64_t(row) * a.layout.width + col));
+  if constexpr (kReleaseBeforeStore) ptx::fence_acq_rel_sys();
+  mailbox_dev::store_to_all(a.copies, a.layout.tp, a.rank,
+                            a.layout.offset(mailbox::word_stage(next), a.rank, row, col), data);
+}
+
+struct MailboxGatherArgs {
+  uint16_t* local;        // this rank's copy
+  __nv_bfloat16* out;     // [b, tp * width]
+  int32_t* state;         // this rank's stage state
+  mailbox::Layout layout;
+  int b;
+  mailbox_dev::SpinLimit spin;
+};
+
+// Grid (b, ceil(tp * width / 8 / threads)): CTA (i, j) thread t owns the 8
+// columns [8f, 8f + 8) of output row i, f = j * threads + t, which come from
+// source f / (width / 8). It polls them, stores them, and clears its columns
+// of the previous call's rows i, i + b, ...
+__global__ void mailbox_gather_kernel(const MailboxGatherArgs a) {
+  // ACTIVE comes from this call's publisher.
+  ptx::griddep_wait();
+  ptx::griddep_launch_dependents();
+  const uint32_t active = mailbox_dev::read_active(a.state);
+  if (threadIdx.x == 0) mailbox_dev::advance(a.state, active, a.b);
+
+  const int vecs = a.layout.row_vecs();
+  const int row = blockIdx.x;
+  const int fragment = blockIdx.y * blockDim.x + threadIdx.x;
+  if (fragment >= a.layout.tp * vecs) return;
+  const int source = fragment / vecs, col = (fragment % vecs) * mailbox::kVecElems;
+  const int stage = mailbox::word_stage(active);
+
+  const uint4 v = mailbox_dev::poll_vec(a.local + a.layout.offset(stage, source, row, col), a.spin,
+                                        stage, source, row);
+  ptx::st_v4(a.out + int64_t(row) * a.layout.tp * a.layout.width +
+                 int64_t(fragment) * mailbox::kVecElems,
+             v);
+  mailbox_dev::clear_rows(a.local, a.layout, mailbox::clear_stage(stage), source, col, row,
+                          gridDim.x, mailbox::word_rows(active));
+}
+
+}  // namespace spark_decode::kernels

@@ -1,0 +1,231 @@
+// LamportMailbox: construction, validation and launches.
+#include <cstring>
+#include <vector>
+
+#include "cuda_utils.h"
+#include "kernels/common/launch.cuh"
+#include "kernels/mailbox/mailbox_kernels.cuh"
+#include "spark_decode/error.h"
+#include "spark_decode/mailbox.h"
+
+namespace spark_decode {
+namespace {
+
+constexpr size_t kAlign = 256;
+
+size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+void check_threads(int threads, const char* what) {
+  SPARK_CHECK(threads >= 32 && threads <= 1024 && threads % 32 == 0, what, ": threads ", threads,
+              " must be a multiple of 32 in [32, 1024]");
+}
+
+}  // namespace
+
+LamportMailbox::LamportMailbox(Group& group, int tp, int rank, int capacity, int width, int device,
+                               Options options)
+    : tp_(tp), rank_(rank), capacity_(capacity), width_(width), device_(device), group_(&group) {
+  SPARK_CHECK(tp >= 1 && tp <= kMailboxMaxRanks, "mailbox: tp ", tp, " outside 1..",
+              kMailboxMaxRanks);
+  SPARK_CHECK(tp == group.size(), "mailbox: tp ", tp, " != group size ", group.size());
+  SPARK_CHECK(rank == group.rank(), "mailbox: rank ", rank, " != group rank ", group.rank());
+  SPARK_CHECK(capacity >= 1 && capacity <= mailbox::kMaxRows, "mailbox: capacity ", capacity,
+              " outside 1..", mailbox::kMaxRows);
+  SPARK_CHECK(width > 0 && width % mailbox::kVecElems == 0, "mailbox: width ", width,
+              " must be a positive multiple of ", mailbox::kVecElems, " (16-byte rows)");
+  SPARK_CHECK(options.spin_timeout_s > 0 && options.spin_timeout_s < 3600.0,
+              "mailbox: spin timeout ", options.spin_timeout_s, " s outside (0, 3600)");
+  detail::require_sm90(device, "the Lamport mailbox");
+  spin_timeout_ns_ = static_cast<uint64_t>(options.spin_timeout_s * 1e9);
+  detail::DeviceGuard guard(device);
+
+  const mailbox::Layout layout{tp, capacity, width};
+  const size_t data_bytes = size_t(layout.copy_elems()) * 2;
+  data_offset_ = round_up(options.guard_bytes, kAlign);
+  state_offset_ = data_offset_ + round_up(data_bytes, kAlign);
+  const size_t total = state_offset_ + kAlign + options.guard_bytes;
+
+  memory_ = std::make_unique<SymmetricMemory>(group, device, total);
+  try {
+    char* base = static_cast<char*>(memory_->local());
+    CUDA_CHECK(cudaMemset(base, kMailboxGuardByte, total));
+    const std::vector<uint16_t> sentinel(layout.copy_elems(), mailbox::kSentinel);
+    CUDA_CHECK(cudaMemcpy(base + data_offset_, sentinel.data(), data_bytes, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemset(base + state_offset_, 0, mailbox::kStateWords * sizeof(int32_t)));
+    state_ = reinterpret_cast<int32_t*>(base + state_offset_);
+    for (int q = 0; q < tp; ++q) copies_.push_back(static_cast<char*>(memory_->peer(q)) + data_offset_);
+
+    CUDA_CHECK(cudaHostAlloc(&record_host_, sizeof(uint32_t), cudaHostAllocMapped | cudaHostAllocPortable));
+    *record_host_ = 0;
+    CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&record_device_), record_host_, 0));
+
+    // Load the kernels now (lazy module loading would do it at the first
+    // launch, possibly under capture or after a peer started spinning).
+    cudaFuncAttributes attrs;
+    CUDA_CHECK(cudaFuncGetAttributes(&attrs, kernels::mailbox_publish_kernel<false>));
+    CUDA_CHECK(cudaFuncGetAttributes(&attrs, kernels::mailbox_publish_kernel<true>));
+    CUDA_CHECK(cudaFuncGetAttributes(&attrs, kernels::mailbox_gather_kernel));
+    CUDA_CHECK(cudaDeviceSynchronize());
+    // No peer publishes into a copy before its owner has filled it.
+    group.barrier();
+  } catch (...) {
+    if (record_host_) cudaFreeHost(record_host_);
+    record_host_ = nullptr;
+    throw;
+  }
+}
+
+LamportMailbox::~LamportMailbox() {
+  if (record_host_) {
+    int previous = -1;
+    if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
+    cudaSetDevice(device_);
+    cudaFreeHost(record_host_);
+    (void)cudaGetLastError();
+    if (previous >= 0 && previous != device_) cudaSetDevice(previous);
+  }
+  // memory_ frees the copies.
+}
+
+size_t LamportMailbox::copy_bytes() const {
+  return size_t(mailbox::Layout{tp_, capacity_, width_}.copy_elems()) * 2;
+}
+
+void LamportMailbox::publish(const void* src, int b, cudaStream_t stream,
+                             const PublishOptions& options) {
+  SPARK_CHECK(b >= 1 && b <= capacity_, "mailbox publish: b = ", b, " outside [1, ", capacity_,
+              "] (the mailbox capacity)");
+  SPARK_CHECK(src != nullptr && reinterpret_cast<uintptr_t>(src) % 16 == 0,
+              "mailbox publish: src must be a non-null 16-byte aligned device pointer");
+  check_threads(options.threads, "mailbox publish");
+  detail::require_current_device(device_, "the mailbox");
+
+  kernels::MailboxPublishArgs args{};
+  args.src = static_cast<const __nv_bfloat16*>(src);
+  for (int q = 0; q < tp_; ++q) args.copies[q] = static_cast<uint16_t*>(copies_[q]);
+  args.state = state_;
+  args.layout = mailbox::Layout{tp_, capacity_, width_};
+  args.rank = rank_;
+  args.b = b;
+  const int vecs = b * args.layout.row_vecs();
+  kernels::LaunchShape shape;
+  shape.grid = dim3((vecs + options.threads - 1) / options.threads);
+  shape.block = dim3(options.threads);
+  shape.enable_pdl = options.enable_pdl;
+  if (options.release_before_store)
+    kernels::launch(kernels::mailbox_publish_kernel<true>, shape, stream, args);
+  else
+    kernels::launch(kernels::mailbox_publish_kernel<false>, shape, stream, args);
+}
+
+void LamportMailbox::publish(const TensorRef& src, cudaStream_t stream,
+                             const PublishOptions& options) {
+  const int b = src.ndim == 2 ? static_cast<int>(src.shape[0]) : 0;
+  SPARK_CHECK(src.ndim == 2 && src.shape[1] == width_ && src.dtype == DType::bf16 &&
+                  src.is_contiguous() && src.is_aligned(16),
+              "mailbox publish: src ", src.describe(), " must be contiguous 16-byte aligned BF16 [b, ",
+              width_, "]");
+  SPARK_CHECK(src.device == device_, "mailbox publish: src ", src.describe(), " is not on cuda:",
+              device_);
+  publish(src.data, b, stream, options);
+}
+
+void LamportMailbox::gather(void* out, int b, cudaStream_t stream, const GatherOptions& options) {
+  SPARK_CHECK(b >= 1 && b <= capacity_, "mailbox gather: b = ", b, " outside [1, ", capacity_,
+              "] (the mailbox capacity)");
+  SPARK_CHECK(out != nullptr && reinterpret_cast<uintptr_t>(out) % 16 == 0,
+              "mailbox gather: out must be a non-null 16-byte aligned device pointer");
+  check_threads(options.threads, "mailbox gather");
+  {
+    const char* o = static_cast<const char*>(out);
+    const char* base = static_cast<const char*>(memory_->local());
+    const size_t out_bytes = size_t(b) * tp_ * width_ * 2;
+    SPARK_CHECK(o + out_bytes <= base || base + memory_->bytes() <= o,
+                "mailbox gather: out may not overlap the mailbox");
+  }
+  detail::require_current_device(device_, "the mailbox");
+
+  kernels::MailboxGatherArgs args{};
+  args.local = static_cast<uint16_t*>(copies_[rank_]);
+  args.out = static_cast<__nv_bfloat16*>(out);
+  args.state = state_;
+  args.layout = mailbox::Layout{tp_, capacity_, width_};
+  args.b = b;
+  args.spin = kernels::mailbox_dev::SpinLimit{spin_timeout_ns_, record_device_, rank_};
+  const int fragments = tp_ * args.layout.row_vecs();
+  kernels::LaunchShape shape;
+  shape.grid = dim3(b, (fragments + options.threads - 1) / options.threads);
+  shape.block = dim3(options.threads);
+  shape.enable_pdl = options.enable_pdl;
+  kernels::launch(kernels::mailbox_gather_kernel, shape, stream, args);
+}
+
+void LamportMailbox::gather(const TensorRef& out, cudaStream_t stream,
+                            const GatherOptions& options) {
+  const int b = out.ndim == 2 ? static_cast<int>(out.shape[0]) : 0;
+  SPARK_CHECK(out.ndim == 2 && out.shape[1] == int64_t(tp_) * width_ && out.dtype == DType::bf16 &&
+                  out.is_contiguous() && out.is_aligned(16),
+              "mailbox gather: out ", out.describe(), " must be contiguous 16-byte aligned BF16 [b, ",
+              int64_t(tp_) * width_, "]");
+  SPARK_CHECK(out.device == device_, "mailbox gather: out ", out.describe(), " is not on cuda:",
+              device_);
+  gather(out.data, b, stream, options);
+}
+
+std::optional<std::string> LamportMailbox::timeout_report() const {
+  const uint32_t r = *static_cast<volatile uint32_t*>(record_host_);
+  if (!mailbox::record_valid(r)) return std::nullopt;
+  return detail::concat("mailbox spin timeout on rank ", mailbox::record_rank(r), " (cuda:",
+                        device_, "): stage ", mailbox::record_stage(r), ", source ",
+                        mailbox::record_source(r), ", row ", mailbox::record_row(r),
+                        " was not published within ", spin_timeout_ns_ / 1e9,
+                        " s (a peer is missing, late, or ran its calls in another order)");
+}
+
+void LamportMailbox::raise_if_failed(cudaError_t err) const {
+  if (err == cudaSuccess) return;
+  if (auto report = timeout_report())
+    throw RuntimeError(detail::concat(
+        *report, "; the consumer trapped, which poisons this device's CUDA context for the rest "
+                 "of the process (", cudaGetErrorName(err), ")"));
+  CUDA_CHECK(err);
+}
+
+void LamportMailbox::synchronize(cudaStream_t stream) const {
+  detail::DeviceGuard guard(device_);
+  raise_if_failed(cudaStreamSynchronize(stream));
+}
+
+void LamportMailbox::warm_up(cudaStream_t stream) {
+  SPARK_CHECK(!detail::is_capturing(stream), "mailbox warm_up cannot run under CUDA graph capture");
+  detail::DeviceGuard guard(device_);
+  // Nobody starts spinning while a peer may still be setting up.
+  group_->barrier();
+  void* src = nullptr;
+  void* out = nullptr;
+  CUDA_CHECK(cudaMalloc(&src, size_t(capacity_) * width_ * 2));
+  try {
+    CUDA_CHECK(cudaMalloc(&out, size_t(capacity_) * tp_ * width_ * 2));
+    CUDA_CHECK(cudaMemsetAsync(src, 0, size_t(capacity_) * width_ * 2, stream));
+    publish(src, capacity_, stream);
+    gather(out, capacity_, stream);
+    synchronize(stream);
+  } catch (...) {
+    cudaFree(src);
+    if (out) cudaFree(out);
+    throw;
+  }
+  CUDA_CHECK(cudaFree(src));
+  CUDA_CHECK(cudaFree(out));
+  group_->barrier();
+}
+
+void LamportMailbox::barrier() {
+  {
+    detail::DeviceGuard guard(device_);
+    raise_if_failed(cudaDeviceSynchronize());
+  }
+  group_->barrier();
+}
+
+}  // namespace spark_decode

@@ -1,0 +1,251 @@
+// The mailbox's GPU test bodies, run by every rank of a group: in one process
+// with a thread per GPU (test_mailbox.cu) and across processes with
+// `mpirun -np 2` (test_mailbox_mpi.cu). A body throws std::runtime_error on
+// the first mismatch; the caller reports it.
+//
+// Expected values never come from the code under test: payloads are a pure
+// function of (seed, call, source, row, col) (tests/cpu/mailbox_payload.h),
+// -0.0 must arrive as +0.0, call k of a fresh mailbox runs on stage k % 3,
+// its layout is [3][tp][capacity][width] and its state words are
+// NEXT = ((k + 1) % 3) << 16 | b_k and ACTIVE = (k % 3) << 16 | b_{k-1}.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "../cpu/mailbox_payload.h"
+#include "gpu_test_util.h"
+#include "spark_decode/error.h"
+#include "spark_decode/mailbox.h"
+
+namespace spark_decode::testing::mailbox_tests {
+
+#define MB_REQUIRE(cond, ...)                                                              \
+  do {                                                                                     \
+    if (!(cond))                                                                           \
+      throw std::runtime_error(::spark_decode::detail::concat("rank ", rank_for_errors, ": ", \
+                                                              __VA_ARGS__));               \
+  } while (0)
+
+inline constexpr uint16_t kSentinelBits = 0x8000;
+inline constexpr uint16_t kPoison = 0xffff;
+
+class Stream {
+ public:
+  Stream() { CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
+  ~Stream() { cudaStreamDestroy(s_); }
+  operator cudaStream_t() const { return s_; }
+
+ private:
+  cudaStream_t s_;
+};
+
+// Rows [0, b) of rank `rank`'s block for payload call `call`, padded to
+// `rows` rows (the pad is never published).
+inline void fill_src(uint16_t* dst, uint64_t seed, int64_t call, int rank, int b, int width) {
+  for (int row = 0; row < b; ++row)
+    for (int col = 0; col < width; ++col)
+      dst[size_t(row) * width + col] = payload_bits(seed, call, rank, row, col);
+}
+
+// out: `rows` rows of tp * width: rows < b hold every source's block, the
+// rest the poison.
+inline void check_rows(const uint16_t* out, int rows, uint64_t seed, int64_t call, int b, int tp,
+                       int width, int rank_for_errors) {
+  const int out_width = tp * width;
+  for (int row = 0; row < rows; ++row)
+    for (int c = 0; c < out_width; ++c) {
+      const int q = c / width, col = c % width;
+      const uint16_t want = row < b ? arrived_bits(payload_bits(seed, call, q, row, col)) : kPoison;
+      const uint16_t got = out[size_t(row) * out_width + c];
+      MB_REQUIRE(got == want, "call ", call, " b ", b, " output row ", row, " col ", c,
+                 " (source ", q, "): got 0x", std::hex, got, " want 0x", want);
+    }
+}
+
+// This rank's whole allocation after call k (no peer ahead: the caller
+// synchronised the group): guards, every stage, the state words.
+inline void check_copy(const LamportMailbox& mb, int64_t k, int64_t payload_call, int b, int b_prev,
+                       uint64_t seed) {
+  const int rank_for_errors = mb.rank();
+  const int tp = mb.tp(), cap = mb.capacity(), width = mb.width();
+  const size_t bytes = mb.memory().bytes();
+  std::vector<uint8_t> raw(bytes);
+  CUDA_CHECK(cudaMemcpy(raw.data(), mb.memory().local(), bytes, cudaMemcpyDeviceToHost));
+  const size_t data_begin = mb.data_offset(), data_end = data_begin + size_t(3) * tp * cap * width * 2;
+  const size_t state_begin = mb.state_offset(), state_end = state_begin + 8;
+  for (size_t i = 0; i < bytes; ++i) {
+    if ((i >= data_begin && i < data_end) || (i >= state_begin && i < state_end)) continue;
+    MB_REQUIRE(raw[i] == kMailboxGuardByte, "call ", k, ": byte ", i, " of the allocation (data [",
+               data_begin, ", ", data_end, "), state at ", state_begin, ") was overwritten");
+  }
+  const auto* data = reinterpret_cast<const uint16_t*>(raw.data() + data_begin);
+  const int live = int(k % 3);
+  for (int s = 0; s < 3; ++s)
+    for (int q = 0; q < tp; ++q)
+      for (int row = 0; row < cap; ++row)
+        for (int col = 0; col < width; ++col) {
+          const uint16_t got = data[((size_t(s) * tp + q) * cap + row) * width + col];
+          const uint16_t want = s == live && row < b
+                                    ? arrived_bits(payload_bits(seed, payload_call, q, row, col))
+                                    : kSentinelBits;
+          MB_REQUIRE(got == want, "call ", k, ": copy stage ", s, " source ", q, " row ", row,
+                     " col ", col, ": got 0x", std::hex, got, " want 0x", want);
+        }
+  uint32_t state[2];
+  std::memcpy(state, raw.data() + state_begin, 8);
+  const uint32_t next = (uint32_t((k + 1) % 3) << 16) | uint32_t(b);
+  const uint32_t active = (uint32_t(k % 3) << 16) | uint32_t(b_prev);
+  MB_REQUIRE(state[0] == next && state[1] == active, "call ", k, ": state NEXT 0x", std::hex,
+             state[0], " ACTIVE 0x", state[1], ", want 0x", next, " 0x", active);
+}
+
+// Every b from 1 to capacity, then random ones; publish and gather options
+// varied per call; after every call the outputs, both buffers' guards and
+// the whole mailbox allocation are checked on every rank.
+inline void payloads_arrive_bit_for_bit(Group& group, int device, int width, uint64_t seed) {
+  const int rank_for_errors = group.rank();
+  const int tp = group.size(), cap = 16;
+  LamportMailbox::Options options;
+  options.guard_bytes = 4096;
+  LamportMailbox mb(group, tp, group.rank(), cap, width, device, options);
+  Stream stream;
+  GuardedBuffer src(size_t(cap) * width * 2), out(size_t(cap) * tp * width * 2);
+  std::mt19937_64 rows_rng(seed);
+  std::vector<uint16_t> host_src(size_t(cap) * width), host_out(size_t(cap) * tp * width);
+  const int threads[] = {32, 128, 256, 1024};
+  int b_prev = 0;
+  for (int64_t k = 0; k < cap + 12; ++k) {
+    const int b = k < cap ? int(k) + 1 : int(rows_rng() % cap) + 1;
+    fill_src(host_src.data(), seed, k, group.rank(), b, width);
+    src.upload(host_src.data(), size_t(b) * width * 2);
+    CUDA_CHECK(cudaMemset(out.get(), 0xff, out.bytes()));
+    LamportMailbox::PublishOptions po;
+    po.threads = threads[k % 4];
+    po.enable_pdl = k % 2 == 0;
+    po.release_before_store = k % 3 == 1;
+    LamportMailbox::GatherOptions go;
+    go.threads = threads[(k + 1) % 4];
+    go.enable_pdl = k % 5 != 2;
+    mb.publish(TensorRef::contiguous(src.get(), DType::bf16, {b, width}, device), stream, po);
+    mb.gather(TensorRef::contiguous(out.get(), DType::bf16, {b, int64_t(tp) * width}, device), stream,
+              go);
+    mb.synchronize(stream);
+    group.barrier();  // every rank done with call k: nobody is ahead
+    out.download(host_out.data(), out.bytes());
+    check_rows(host_out.data(), cap, seed, k, b, tp, width, rank_for_errors);
+    const std::string guards = src.check_guards() + out.check_guards();
+    MB_REQUIRE(guards.empty(), "call ", k, ": ", guards);
+    check_copy(mb, k, k, b, b_prev, seed);
+    group.barrier();  // nobody publishes call k + 1 while a peer checks its copy
+    b_prev = b;
+  }
+  mb.barrier();
+}
+
+// `calls` consecutive calls with b drawn per call, `chunk` calls enqueued
+// between synchronisations (no barriers: the protocol alone keeps ranks in
+// step), every call's output checked.
+inline void many_calls_random_rows(Group& group, int device, int width, int calls, uint64_t seed) {
+  const int rank_for_errors = group.rank();
+  const int tp = group.size(), cap = 16, chunk = 250;
+  LamportMailbox mb(group, tp, group.rank(), cap, width, device);
+  Stream stream;
+  const size_t src_call = size_t(cap) * width, out_call = size_t(cap) * tp * width;
+  GuardedBuffer src(chunk * src_call * 2), out(chunk * out_call * 2);
+  std::vector<uint16_t> host_src(chunk * src_call), host_out(chunk * out_call);
+  std::mt19937_64 rows_rng(seed ^ 0x5bd1e995);
+  std::vector<int> rows(calls);
+  for (int& b : rows) b = int(rows_rng() % cap) + 1;
+  for (int first = 0; first < calls; first += chunk) {
+    const int n = std::min(chunk, calls - first);
+    for (int j = 0; j < n; ++j)
+      fill_src(host_src.data() + j * src_call, seed, first + j, group.rank(), rows[first + j], width);
+    src.upload(host_src.data(), n * src_call * 2);
+    CUDA_CHECK(cudaMemset(out.get(), 0xff, out.bytes()));
+    for (int j = 0; j < n; ++j) {
+      mb.publish(static_cast<uint16_t*>(src.get()) + j * src_call, rows[first + j], stream);
+      mb.gather(static_cast<uint16_t*>(out.get()) + j * out_call, rows[first + j], stream);
+    }
+    mb.synchronize(stream);
+    out.download(host_out.data(), n * out_call * 2);
+    for (int j = 0; j < n; ++j)
+      check_rows(host_out.data() + j * out_call, cap, seed, first + j, rows[first + j], tp, width,
+                 rank_for_errors);
+  }
+  const std::string guards = src.check_guards() + out.check_guards();
+  MB_REQUIRE(guards.empty(), guards);
+  int32_t state[2];
+  CUDA_CHECK(cudaMemcpy(state, mb.stage_state(), 8, cudaMemcpyDeviceToHost));
+  const uint32_t next = (uint32_t(calls % 3) << 16) | uint32_t(rows[calls - 1]);
+  MB_REQUIRE(uint32_t(state[0]) == next, "NEXT after ", calls, " calls: 0x", std::hex, state[0],
+             " want 0x", next);
+  mb.barrier();
+}
+
+// A CUDA graph of `per_graph` publish + gather calls (b random per call)
+// captured once and replayed `replays` times with fresh source rows before
+// each replay; the stage advances on the device across replays.
+inline void graph_replays(Group& group, int device, int width, int per_graph, int replays,
+                          uint64_t seed) {
+  const int rank_for_errors = group.rank();
+  const int tp = group.size(), cap = 16;
+  LamportMailbox mb(group, tp, group.rank(), cap, width, device);
+  mb.warm_up(Stream());  // one call: the graph's calls start at call 1
+  Stream stream;
+  const size_t src_call = size_t(cap) * width, out_call = size_t(cap) * tp * width;
+  GuardedBuffer src(per_graph * src_call * 2), out(per_graph * out_call * 2);
+  std::vector<uint16_t> host_src(per_graph * src_call), host_out(per_graph * out_call);
+  std::mt19937_64 rows_rng(seed ^ 0x27d4eb2f);
+  std::vector<int> rows(per_graph);
+  for (int& b : rows) b = int(rows_rng() % cap) + 1;
+
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int j = 0; j < per_graph; ++j) {
+    mb.publish(static_cast<uint16_t*>(src.get()) + j * src_call, rows[j], stream);
+    mb.gather(static_cast<uint16_t*>(out.get()) + j * out_call, rows[j], stream);
+  }
+  CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  try {
+    for (int r = 0; r < replays; ++r) {
+      for (int j = 0; j < per_graph; ++j)
+        fill_src(host_src.data() + j * src_call, seed, int64_t(r) * per_graph + j, group.rank(),
+                 rows[j], width);
+      CUDA_CHECK(cudaMemcpyAsync(src.get(), host_src.data(), host_src.size() * 2,
+                                 cudaMemcpyHostToDevice, stream));
+      CUDA_CHECK(cudaMemsetAsync(out.get(), 0xff, out.bytes(), stream));
+      CUDA_CHECK(cudaGraphLaunch(exec, stream));
+      mb.synchronize(stream);
+      out.download(host_out.data(), out.bytes());
+      for (int j = 0; j < per_graph; ++j)
+        check_rows(host_out.data() + j * out_call, cap, seed, int64_t(r) * per_graph + j, rows[j],
+                   tp, width, rank_for_errors);
+    }
+  } catch (...) {
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    throw;
+  }
+  CUDA_CHECK(cudaGraphExecDestroy(exec));
+  CUDA_CHECK(cudaGraphDestroy(graph));
+  const std::string guards = src.check_guards() + out.check_guards();
+  MB_REQUIRE(guards.empty(), guards);
+  int32_t state[2];
+  CUDA_CHECK(cudaMemcpy(state, mb.stage_state(), 8, cudaMemcpyDeviceToHost));
+  const int64_t total = 1 + int64_t(replays) * per_graph;  // warm-up included
+  const uint32_t next = (uint32_t(total % 3) << 16) | uint32_t(rows[per_graph - 1]);
+  MB_REQUIRE(uint32_t(state[0]) == next, "NEXT after ", total, " calls: 0x", std::hex, state[0],
+             " want 0x", next);
+  mb.barrier();
+}
+
+}  // namespace spark_decode::testing::mailbox_tests

@@ -1,0 +1,207 @@
+// The Lamport mailbox on GPUs of one process: one thread per GPU over an
+// InProcessGroup (peer access, direct pointers). Bodies shared with the MPI
+// test are in mailbox_test_bodies.h.
+//
+// The spin-timeout test traps on GPU 0, which poisons that device's CUDA
+// context for the rest of the process: it is the last test of this file,
+// and ctest runs every test in its own process anyway.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "mailbox_test_bodies.h"
+#include "spark_decode/group.h"
+#include "spark_decode/mailbox.h"
+
+namespace sd = spark_decode;
+using namespace sd::testing;
+using namespace sd::testing::mailbox_tests;
+
+namespace {
+
+// Why two GPUs of this process cannot run the mailbox ("" when they can).
+std::string two_gpu_reason() {
+  std::string why = gpu_unavailable_reason(2);
+  if (!why.empty()) return why;
+  int a = 0, b = 0;
+  CUDA_CHECK(cudaDeviceCanAccessPeer(&a, 0, 1));
+  CUDA_CHECK(cudaDeviceCanAccessPeer(&b, 1, 0));
+  if (!a || !b) return "GPUs 0 and 1 cannot access each other peer-to-peer";
+  return "";
+}
+
+#define SKIP_WITHOUT_TWO_PEER_GPUS()            \
+  do {                                          \
+    const std::string why_ = two_gpu_reason();  \
+    if (!why_.empty()) GTEST_SKIP() << why_;    \
+  } while (0)
+
+uint64_t fresh_seed(const char* what) {
+  const uint64_t seed = rng()();
+  std::printf("[%s] payload seed %llu\n", what, static_cast<unsigned long long>(seed));
+  return seed;
+}
+
+// Runs fn(group, rank) on `tp` threads, thread r on GPU r; returns what each
+// threw.
+std::vector<std::string> on_gpus(int tp, const std::function<void(sd::Group&, int)>& fn) {
+  auto shared = sd::InProcessGroup::make_shared(tp, std::chrono::seconds(60));
+  std::mutex mu;
+  std::vector<std::string> failures;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < tp; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        CUDA_CHECK(cudaSetDevice(r));
+        sd::InProcessGroup group(shared, r);
+        fn(group, r);
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lock(mu);
+        failures.push_back("rank " + std::to_string(r) + ": " + e.what());
+      }
+    });
+  for (auto& t : threads) t.join();
+  return failures;
+}
+
+TEST(Mailbox, OneRankPublishesToItself) {
+  SKIP_WITHOUT_GPU(1);
+  const uint64_t seed = fresh_seed("mailbox tp1");
+  const auto failures = on_gpus(1, [&](sd::Group& g, int r) {
+    for (int width : {8, 2048}) payloads_arrive_bit_for_bit(g, r, width, seed + width);
+  });
+  for (const auto& f : failures) ADD_FAILURE() << f;
+}
+
+TEST(Mailbox, RefusesBadArgumentsBeforeLaunching) {
+  SKIP_WITHOUT_GPU(1);
+  const auto failures = on_gpus(1, [&](sd::Group& g, int r) {
+    EXPECT_THROW(sd::LamportMailbox(g, 2, 0, 16, 64, r), sd::InvalidArgument);  // tp != size
+    EXPECT_THROW(sd::LamportMailbox(g, 1, 0, 16, 60, r), sd::InvalidArgument);  // width % 8
+    EXPECT_THROW(sd::LamportMailbox(g, 1, 0, 0, 64, r), sd::InvalidArgument);
+    sd::LamportMailbox mb(g, 1, 0, 4, 64, r);
+    GuardedBuffer src(16 * 64 * 2), out(16 * 64 * 2);
+    EXPECT_THROW(mb.publish(src.get(), 5, nullptr), sd::InvalidArgument);  // b > capacity
+    EXPECT_THROW(mb.publish(src.get(), 0, nullptr), sd::InvalidArgument);
+    EXPECT_THROW(mb.gather(out.get(), 5, nullptr), sd::InvalidArgument);
+    EXPECT_THROW(mb.publish(static_cast<char*>(src.get()) + 2, 1, nullptr), sd::InvalidArgument);
+    EXPECT_THROW(mb.gather(mb.local(), 1, nullptr), sd::InvalidArgument);  // out inside the mailbox
+    sd::LamportMailbox::PublishOptions po;
+    po.threads = 48;
+    EXPECT_THROW(mb.publish(src.get(), 1, nullptr, po), sd::InvalidArgument);
+    EXPECT_THROW(mb.publish(sd::TensorRef::contiguous(src.get(), sd::DType::bf16, {5, 64}, r), nullptr),
+                 sd::InvalidArgument);
+    EXPECT_THROW(mb.gather(sd::TensorRef::contiguous(out.get(), sd::DType::bf16, {2, 56}, r), nullptr),
+                 sd::InvalidArgument);
+    // Nothing ran: the state is still the initial one and the data all
+    // sentinel (check_copy of "call -1" would not fit; check directly).
+    CUDA_CHECK(cudaDeviceSynchronize());
+    int32_t state[2];
+    CUDA_CHECK(cudaMemcpy(state, mb.stage_state(), 8, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(state[0], 0);
+    EXPECT_EQ(state[1], 0);
+    std::vector<uint16_t> data(mb.copy_bytes() / 2);
+    CUDA_CHECK(cudaMemcpy(data.data(), mb.local(), mb.copy_bytes(), cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < data.size(); ++i) ASSERT_EQ(data[i], 0x8000) << i;
+  });
+  for (const auto& f : failures) ADD_FAILURE() << f;
+}
+
+TEST(Mailbox, PayloadsArriveBitForBitOnTwoGpus) {
+  SKIP_WITHOUT_TWO_PEER_GPUS();
+  const uint64_t seed = fresh_seed("mailbox payloads");
+  // P / tp and H / tp at tp 2, and small widths that leave CTAs part-full.
+  const auto failures = on_gpus(2, [&](sd::Group& g, int r) {
+    for (int width : {2048, 4096, 8, 24, 1032}) payloads_arrive_bit_for_bit(g, r, width, seed + width);
+  });
+  for (const auto& f : failures) ADD_FAILURE() << f;
+}
+
+TEST(Mailbox, TenThousandCallsWithRandomRows) {
+  SKIP_WITHOUT_TWO_PEER_GPUS();
+  const uint64_t seed = fresh_seed("mailbox 10k calls");
+  const auto failures =
+      on_gpus(2, [&](sd::Group& g, int r) { many_calls_random_rows(g, r, 512, 10000, seed); });
+  for (const auto& f : failures) ADD_FAILURE() << f;
+}
+
+TEST(Mailbox, GraphOf16CallsReplayed1000Times) {
+  SKIP_WITHOUT_TWO_PEER_GPUS();
+  const uint64_t seed = fresh_seed("mailbox graph");
+  const auto failures =
+      on_gpus(2, [&](sd::Group& g, int r) { graph_replays(g, r, 512, 16, 1000, seed); });
+  for (const auto& f : failures) ADD_FAILURE() << f;
+}
+
+TEST(Mailbox, HundredCreateDestroyCyclesLeakNothing) {
+  SKIP_WITHOUT_TWO_PEER_GPUS();
+  const auto failures = on_gpus(2, [&](sd::Group& g, int r) {
+    auto cycle = [&](int i) {
+      sd::LamportMailbox mb(g, 2, r, 16, 4096, r);
+      if (i % 10 == 0) mb.warm_up(nullptr);  // and it works
+      mb.barrier();  // no peer still writes into this copy
+    };
+    cycle(0);  // first-use allocations (context, modules) happen here
+    CUDA_CHECK(cudaDeviceSynchronize());
+    size_t free_before = 0, free_after = 0, total = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_before, &total));
+    for (int i = 0; i < 100; ++i) cycle(i);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaMemGetInfo(&free_after, &total));
+    // One mailbox here is 3 * 2 * 16 * 4096 * 2 B = 768 KiB (a 2 MiB
+    // granule): leaking even a tenth of them shows as 20 MiB and more.
+    const long long lost = static_cast<long long>(free_before) - static_cast<long long>(free_after);
+    if (lost > (8ll << 20))
+      throw std::runtime_error("100 mailboxes lost " + std::to_string(lost) + " bytes of cuda:" +
+                               std::to_string(r));
+  });
+  for (const auto& f : failures) ADD_FAILURE() << f;
+}
+
+// Last: traps on GPU 0 (see the file comment).
+TEST(Mailbox, ZzSkippedCallTimesOutInsteadOfHanging) {
+  SKIP_WITHOUT_TWO_PEER_GPUS();
+  const double timeout_s = 0.5;
+  std::string error;
+  double waited_s = -1;
+  const auto failures = on_gpus(2, [&](sd::Group& g, int r) {
+    sd::LamportMailbox::Options options;
+    options.spin_timeout_s = timeout_s;
+    sd::LamportMailbox mb(g, 2, r, 16, 256, r, options);
+    Stream stream;
+    GuardedBuffer src(16 * 256 * 2), out(16 * 2 * 256 * 2);
+    CUDA_CHECK(cudaMemset(src.get(), 0, src.bytes()));
+    for (int k = 0; k < 4; ++k) {  // a few good calls first
+      mb.publish(src.get(), 1 + k, stream);
+      mb.gather(out.get(), 1 + k, stream);
+    }
+    mb.synchronize(stream);
+    g.barrier();
+    if (r == 1) return;  // rank 1 skips call 4
+    const auto start = std::chrono::steady_clock::now();
+    mb.publish(src.get(), 3, stream);
+    mb.gather(out.get(), 3, stream);
+    try {
+      mb.synchronize(stream);
+    } catch (const sd::RuntimeError& e) {
+      error = e.what();
+    }
+    waited_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  });
+  for (const auto& f : failures) ADD_FAILURE() << f;
+  std::printf("timeout error after %.3f s: %s\n", waited_s, error.c_str());
+  EXPECT_NE(error.find("spin timeout on rank 0"), std::string::npos) << error;
+  // Call 4 runs on stage 4 % 3; any of its 3 rows may be the one reported.
+  EXPECT_NE(error.find("stage 1, source 1, row "), std::string::npos) << error;
+  EXPECT_GE(waited_s, timeout_s);
+  EXPECT_LT(waited_s, timeout_s + 10.0);
+}
+
+}  // namespace

@@ -1,0 +1,84 @@
+// The Lamport mailbox across processes: `mpirun -np 2`, rank r on GPU r,
+// buffers mapped with CUDA IPC. Every rank runs the same tests; the process
+// fails if any rank failed. Skips (on every rank alike) without two GPUs
+// that reach each other peer-to-peer.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cstdio>
+
+#include "mailbox_test_bodies.h"
+#include "spark_decode/mpi_group.h"
+
+namespace sd = spark_decode;
+using namespace sd::testing;
+using namespace sd::testing::mailbox_tests;
+
+namespace {
+
+uint64_t g_seed = 0;  // the same on every rank (rank 0's, broadcast)
+
+std::string mpi_gpu_reason() {
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size < 2) return "needs at least 2 MPI ranks (mpirun -np 2)";
+  std::string why = gpu_unavailable_reason(size);
+  if (!why.empty()) return why;
+  for (int a = 0; a < size; ++a)
+    for (int b = 0; b < size; ++b) {
+      int can = 1;
+      if (a != b) CUDA_CHECK(cudaDeviceCanAccessPeer(&can, a, b));
+      if (!can) return "GPUs " + std::to_string(a) + " and " + std::to_string(b) + " cannot access each other peer-to-peer";
+    }
+  return "";
+}
+
+// Runs a body on this rank; a rank's failure is reported by that rank.
+template <typename Fn>
+void run_body(Fn fn) {
+  const std::string why = mpi_gpu_reason();
+  if (!why.empty()) GTEST_SKIP() << why;
+  sd::MpiGroup group;
+  CUDA_CHECK(cudaSetDevice(group.rank()));
+  try {
+    fn(group, group.rank());
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << e.what();
+  }
+}
+
+TEST(MailboxMpi, PayloadsArriveBitForBit) {
+  run_body([](sd::Group& g, int device) {
+    for (int width : {2048, 4096, 8, 24}) payloads_arrive_bit_for_bit(g, device, width, g_seed + width);
+  });
+}
+
+TEST(MailboxMpi, TenThousandCallsWithRandomRows) {
+  run_body([](sd::Group& g, int device) { many_calls_random_rows(g, device, 512, 10000, g_seed); });
+}
+
+TEST(MailboxMpi, GraphOf16CallsReplayed1000Times) {
+  run_body([](sd::Group& g, int device) { graph_replays(g, device, 512, 16, 1000, g_seed); });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  ::testing::InitGoogleTest(&argc, argv);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  unsigned long long seed = 0;
+  if (rank == 0) {
+    seed = rng()();
+    std::printf("[mailbox mpi] payload seed %llu\n", seed);
+  }
+  MPI_Bcast(&seed, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
+  g_seed = seed;
+  int failed = RUN_ALL_TESTS() != 0;
+  int any = 0;
+  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return any;
+}

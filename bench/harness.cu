@@ -59,12 +59,13 @@ void enqueue_empty(cudaStream_t stream) {
   SPARK_CHECK_LAUNCH();
 }
 
+// Where read_kernel may write: a global, so that enqueueing allocates nothing
+// (it is captured into graphs).
+__device__ uint32_t g_read_sink;
+
 void enqueue_read(const void* p, size_t bytes, cudaStream_t stream) {
-  static uint32_t* sink = [] {
-    void* s;
-    CUDA_CHECK(cudaMalloc(&s, 4));
-    return static_cast<uint32_t*>(s);
-  }();
+  uint32_t* sink = nullptr;
+  CUDA_CHECK(cudaGetSymbolAddress(reinterpret_cast<void**>(&sink), g_read_sink));
   int sms = 0, dev = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));

@@ -247,3 +247,43 @@ TEST(MailboxModel, RankThatStopsPublishingTimesOutTheOthers) {
 }
 
 }  // namespace
+
+namespace {
+
+// The words and records against the spec's bit layout, written out here.
+TEST(MailboxProtocol, WordsAndTimeoutRecordsFollowTheSpecLayout) {
+  namespace mb = sd::mailbox;
+  for (int stage = 0; stage < 3; ++stage)
+    for (int rows : {0, 1, 16, 65535}) {
+      const uint32_t w = mb::make_word(stage, rows);
+      EXPECT_EQ(w, (uint32_t(stage) << 16) | uint32_t(rows));
+      EXPECT_EQ(mb::word_stage(w), stage);
+      EXPECT_EQ(mb::word_rows(w), rows);
+      EXPECT_EQ(mb::advance_word(stage, rows), (uint32_t((stage + 1) % 3) << 16) | uint32_t(rows));
+      EXPECT_EQ(mb::clear_stage(stage), (stage + 2) % 3);
+    }
+  const mb::Layout L{4, 16, 24};
+  EXPECT_EQ(L.copy_elems(), 3 * 4 * 16 * 24);
+  EXPECT_EQ(L.offset(2, 3, 15, 23), ((2 * 4 + 3) * 16 + 15) * 24 + 23);
+  for (int rank : {0, 7})
+    for (int stage : {0, 2})
+      for (int source : {0, 5, 7})
+        for (int row : {0, 9, 65535}) {
+          const uint32_t r = mb::make_timeout_record(rank, stage, source, row);
+          EXPECT_TRUE(mb::record_valid(r));
+          EXPECT_EQ(mb::record_rank(r), rank);
+          EXPECT_EQ(mb::record_stage(r), stage);
+          EXPECT_EQ(mb::record_source(r), source);
+          EXPECT_EQ(mb::record_row(r), row);
+        }
+  EXPECT_FALSE(mb::record_valid(0));
+  // -0.0 only becomes +0.0; the sentinel test is on raw bits, per lane.
+  EXPECT_EQ(mb::publish_pair(0x80008000u), 0u);
+  EXPECT_EQ(mb::publish_pair(0x80018001u), 0x80018001u);
+  EXPECT_EQ(mb::publish_pair(0x7fc08000u), 0x7fc00000u);
+  EXPECT_TRUE(mb::vec_has_sentinel(0, 0, 0, 0x00008000u));
+  EXPECT_TRUE(mb::vec_has_sentinel(0x80000000u, 0, 0, 0));
+  EXPECT_FALSE(mb::vec_has_sentinel(0x80018001u, 0, 0xffffffffu, 0x7f807f80u));
+}
+
+}  // namespace

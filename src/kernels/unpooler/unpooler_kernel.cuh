@@ -29,6 +29,7 @@
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
+#include "kernels/common/cluster.cuh"
 #include "kernels/common/ptx.cuh"
 #include "kernels/unpooler/unpooler_config.h"
 
@@ -62,6 +63,8 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW))
   const int split = blockIdx.y, splits = gridDim.y;
   const int k_begin = split * (args.k / splits) + warp * KW + t * 8;
   const int feature0 = blockIdx.x * kUnpoolerTileN;
+  // Phase 1 of the cluster barrier: "every CTA has started" (see cluster.cuh).
+  if (splits > 1) ptx::cluster_arrive_relaxed();
 
   // Weights first: they do not depend on the previous grid.
   const __nv_bfloat16* w_lo = args.w + static_cast<size_t>(feature0 + g) * args.k + k_begin;
@@ -111,7 +114,10 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW))
   // This warp's partial, into cluster rank 0's shared memory as [token][16].
   namespace cg = cooperative_groups;
   float* dst = partials;
-  if (splits > 1) dst = cg::this_cluster().map_shared_rank(partials, 0);
+  if (splits > 1) {
+    ptx::cluster_wait_acquire();  // rank 0 exists before we store into it
+    dst = cg::this_cluster().map_shared_rank(partials, 0);
+  }
   float* mine = dst + (split * warps + warp) * TILE * kUnpoolerTileN;
 #pragma unroll
   for (int nt = 0; nt < kNt; ++nt) {
@@ -127,10 +133,12 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW))
   }
   // Release our partials / acquire everyone's; no CTA leaves before rank 0
   // has every remote store it will read.
-  if (splits > 1)
-    cg::this_cluster().sync();
-  else
+  if (splits > 1) {
+    ptx::cluster_arrive_release();
+    ptx::cluster_wait_acquire();
+  } else {
     __syncthreads();
+  }
   if (split != 0) return;
 
   const int total = splits * warps;

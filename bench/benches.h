@@ -27,3 +27,21 @@ std::string tune_unpooler(const UnpoolerBenchOptions& options);
 void profile_unpooler(const UnpoolerBenchOptions& options);
 
 }  // namespace spark_decode::bench
+
+namespace spark_decode::bench {
+
+struct GatherBenchOptions {
+  int tp = 2;
+  std::vector<int> bs{1, 4, 8, 16};
+  std::vector<int> widths;  // per-rank column widths; default P/tp and H/tp
+  int calls = 100;          // calls per graph
+  int repeats = 20;
+  std::string out_dir;
+};
+
+// publish + gather of the Lamport mailbox against ncclAllGather of the same
+// bytes, both captured in CUDA graphs, tp GPUs of this process; plus the
+// one-way peer store latency. Returns the JSON path.
+std::string bench_gather(const GatherBenchOptions& options);
+
+}  // namespace spark_decode::bench

@@ -77,21 +77,13 @@ UnpoolerTactic make_tactic(int splits, int kw, int accs, int tile16_from) {
   return t;
 }
 
-// A valid tactic for a shape the table does not list: enough CTAs to give
-// every SM of an H200 (132) two of them, then the widest weight slice per
-// warp the register budget allows.
+// A valid tactic for a shape the table does not list. Measured on an H200
+// (bench/results/unpooler_tune_*.json): a K split across a cluster (S > 1)
+// always cost more than it gained at the model's shapes (the distributed
+// shared memory reduction and its cluster barrier), so the least S that
+// gives a valid warp count, then the widest weight slice per warp.
 UnpoolerTactic default_tactic(int n, int k) {
-  const int tiles = std::max(n / kUnpoolerTileN, 1);
-  int preferred = 8;
   for (int s : {1, 2, 4, 8})
-    if (tiles * s >= 264) {
-      preferred = s;
-      break;
-    }
-  std::vector<int> order = {preferred};
-  for (int s : {8, 4, 2, 1})
-    if (s != preferred) order.push_back(s);
-  for (int s : order)
     for (int kw : {256, 128, 64})
       if (!launch_unsupported(n, k, s, kw, 2)) return make_tactic(s, kw, 2, 9);
   return make_tactic(1, kUnpoolerKws.front(), 1, 9);  // invalid: unsupported() says why
@@ -101,11 +93,14 @@ UnpoolerTactic default_tactic(int n, int k) {
 
 const std::vector<UnpoolerTacticEntry>& unpooler_tactic_table() {
   // N = H / tp at K = P, for tp = 1, 2, 4, 8.
+  // Chosen by `spark-decode tune unpooler` (every valid tactic, M = 1, 2, 4,
+  // 8, 16, CUDA graphs over cold weights): the lowest mean time over M.
+  static const char* kMeasured = "H200, 2026-11-30, tune: lowest mean us over M 1..16";
   static const std::vector<UnpoolerTacticEntry> table = {
-      {kMuseSpark.hidden / 1, kMuseSpark.pooled, make_tactic(2, 256, 2, 9), "not yet measured"},
-      {kMuseSpark.hidden / 2, kMuseSpark.pooled, make_tactic(4, 256, 2, 9), "not yet measured"},
-      {kMuseSpark.hidden / 4, kMuseSpark.pooled, make_tactic(4, 128, 2, 9), "not yet measured"},
-      {kMuseSpark.hidden / 8, kMuseSpark.pooled, make_tactic(8, 128, 2, 9), "not yet measured"},
+      {kMuseSpark.hidden / 1, kMuseSpark.pooled, make_tactic(1, 256, 4, 9), kMeasured},
+      {kMuseSpark.hidden / 2, kMuseSpark.pooled, make_tactic(1, 256, 4, 9), kMeasured},
+      {kMuseSpark.hidden / 4, kMuseSpark.pooled, make_tactic(1, 256, 4, 9), kMeasured},
+      {kMuseSpark.hidden / 8, kMuseSpark.pooled, make_tactic(1, 256, 1, 9), kMeasured},
   };
   return table;
 }

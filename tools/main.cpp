@@ -35,6 +35,14 @@ int main(int argc, char** argv) {
   auto* bench = app.add_subcommand("bench", "benchmarks against the stock path (SPEC §7)");
   bench->require_subcommand(1);
   auto* bench_unpooler = bench->add_subcommand("unpooler", "the unpooler GEMM against cuBLAS, tp 1, 2, 4, 8");
+  sd::bench::GatherBenchOptions gather_opts;
+  gather_opts.out_dir = opts.out_dir;
+  auto* bench_gather = bench->add_subcommand("gather", "mailbox publish + gather against ncclAllGather (tp GPUs)");
+  bench_gather->add_option("--tp", gather_opts.tp, "ranks (one GPU each, this process)");
+  bench_gather->add_option("--b", gather_opts.bs, "rows per call")->delimiter(',');
+  bench_gather->add_option("--width", gather_opts.widths, "per-rank widths (default P/tp, H/tp)")->delimiter(',');
+  bench_gather->add_option("--repeats", gather_opts.repeats, "graph replays per figure (median)");
+  bench_gather->add_option("--out", gather_opts.out_dir, "directory of the JSON and markdown");
   auto* tune = app.add_subcommand("tune", "time every valid tactic (to choose the tactic table)");
   tune->require_subcommand(1);
   auto* tune_unpooler = tune->add_subcommand("unpooler", "every unpooler tactic at the model's shapes");
@@ -68,6 +76,12 @@ int main(int argc, char** argv) {
       std::filesystem::create_directories(opts.out_dir);
       const std::string path = *bench_unpooler ? sd::bench::bench_unpooler(opts) : sd::bench::tune_unpooler(opts);
       std::printf("wrote %s (and .md)\n", path.c_str());
+      return 0;
+    }
+    if (*bench_gather) {
+      if (int rc = require_gpu("bench")) return rc;
+      std::filesystem::create_directories(gather_opts.out_dir);
+      std::printf("wrote %s (and .md)\n", sd::bench::bench_gather(gather_opts).c_str());
       return 0;
     }
     if (*profile_unpooler) {

@@ -144,7 +144,10 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW))
   const int total = splits * warps;
   for (int idx = threadIdx.x; idx < args.m * kUnpoolerTileN; idx += blockDim.x) {
     const int token = idx / kUnpoolerTileN, row = idx % kUnpoolerTileN;
+    // In order w = 0, 1, ...; unrolled so the shared-memory loads are in
+    // flight together (this tail runs once per CTA, after the weights).
     float s = partials[idx];
+#pragma unroll 8
     for (int w = 1; w < total; ++w) s += partials[w * TILE * kUnpoolerTileN + idx];
     args.out[static_cast<size_t>(token) * args.n + feature0 + row] = __float2bfloat16_rn(s);
   }

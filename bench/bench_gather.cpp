@@ -1,0 +1,148 @@
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "benches.h"
+#include "harness.h"
+#include "peer_latency.h"
+#include "spark_decode/error.h"
+#include "spark_decode/group.h"
+#include "spark_decode/mailbox.h"
+#include "spark_decode/model_shape.h"
+
+#define NCCL_CHECK(expr)                                                                              \
+  do {                                                                                                \
+    ncclResult_t r_ = (expr);                                                                         \
+    SPARK_CHECK_RUNTIME(r_ == ncclSuccess, "NCCL error ", ncclGetErrorString(r_), " in ", #expr); \
+  } while (0)
+
+namespace spark_decode::bench {
+namespace {
+
+// Replays `exec` `repeats` times on every rank at once (a group barrier
+// before each replay keeps the ranks within a launch of each other) and
+// returns rank 0's median microseconds per call.
+double time_replays(Group& group, cudaGraphExec_t exec, cudaStream_t stream, int calls, int repeats) {
+  cudaEvent_t a, b;
+  CUDA_CHECK(cudaEventCreate(&a));
+  CUDA_CHECK(cudaEventCreate(&b));
+  std::vector<double> us;
+  for (int r = 0; r < repeats + 3; ++r) {
+    group.barrier();
+    CUDA_CHECK(cudaEventRecord(a, stream));
+    CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    CUDA_CHECK(cudaEventRecord(b, stream));
+    CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    if (r >= 3) us.push_back(ms * 1e3 / calls);
+  }
+  CUDA_CHECK(cudaEventDestroy(a));
+  CUDA_CHECK(cudaEventDestroy(b));
+  std::sort(us.begin(), us.end());
+  return us[us.size() / 2];
+}
+
+cudaGraphExec_t capture(cudaStream_t stream, int calls, const std::function<void()>& one_call) {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < calls; ++i) one_call();
+  CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  CUDA_CHECK(cudaGraphDestroy(graph));
+  return exec;
+}
+
+}  // namespace
+
+std::string bench_gather(const GatherBenchOptions& o) {
+  int devices = 0;
+  CUDA_CHECK(cudaGetDeviceCount(&devices));
+  SPARK_CHECK_RUNTIME(devices >= o.tp, "bench gather at tp ", o.tp, " needs ", o.tp, " GPUs, found ", devices);
+  std::vector<int> widths = o.widths;
+  if (widths.empty()) widths = {kMuseSpark.pooled / o.tp, kMuseSpark.hidden / o.tp};
+
+  Report report = new_report();
+  report.hbm_read_TBps = measure_hbm_read_TBps();
+  const double peer_us = o.tp >= 2 ? peer_store_latency_us(0, 1) : 0.0;
+  std::printf("one-way peer store latency GPU0 -> GPU1: %.2f us\n", peer_us);
+
+  ncclUniqueId id;
+  NCCL_CHECK(ncclGetUniqueId(&id));
+  auto shared = InProcessGroup::make_shared(o.tp);
+  std::mutex mutex;
+  std::map<std::pair<int, int>, std::pair<double, double>> results;  // (width, b) -> (spark, nccl)
+  std::vector<std::exception_ptr> errors(o.tp);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < o.tp; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        CUDA_CHECK(cudaSetDevice(rank));
+        InProcessGroup group(shared, rank);
+        cudaStream_t stream;
+        CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+        ncclComm_t comm;
+        NCCL_CHECK(ncclCommInitRank(&comm, o.tp, id, rank));
+        for (int width : widths) {
+          LamportMailbox mailbox(group, o.tp, rank, kMuseSpark.max_batch, width, rank);
+          DeviceMemory src(size_t{2} * kMuseSpark.max_batch * width);
+          DeviceMemory out(size_t{2} * kMuseSpark.max_batch * width * o.tp);
+          fill_random_bf16(src.get(), size_t{kMuseSpark.max_batch} * width, 11 + rank);
+          mailbox.warm_up(stream);
+          for (int b : o.bs) {
+            cudaGraphExec_t ours = capture(stream, o.calls, [&] {
+              mailbox.publish(src.get(), b, stream);
+              mailbox.gather(out.get(), b, stream);
+            });
+            const double spark_us = time_replays(group, ours, stream, o.calls, o.repeats);
+            mailbox.synchronize(stream);
+            CUDA_CHECK(cudaGraphExecDestroy(ours));
+            cudaGraphExec_t theirs = capture(stream, o.calls, [&] {
+              NCCL_CHECK(ncclAllGather(src.get(), out.get(), static_cast<size_t>(b) * width, ncclBfloat16,
+                                       comm, stream));
+            });
+            const double nccl_us = time_replays(group, theirs, stream, o.calls, o.repeats);
+            CUDA_CHECK(cudaGraphExecDestroy(theirs));
+            if (rank == 0) {
+              std::lock_guard<std::mutex> lock(mutex);
+              results[{width, b}] = {spark_us, nccl_us};
+            }
+          }
+          mailbox.barrier();
+        }
+        NCCL_CHECK(ncclCommDestroy(comm));
+        CUDA_CHECK(cudaStreamDestroy(stream));
+      } catch (...) {
+        errors[rank] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+
+  for (const auto& [key, times] : results) {
+    const auto [width, b] = key;
+    report.records.push_back({"gather", "spark", "publish+gather", "graph", o.tp, b, width * o.tp, 0, times.first, 0});
+    report.records.push_back({"gather", "nccl", "ncclAllGather", "graph", o.tp, b, width * o.tp, 0, times.second, 0});
+    std::printf("  width %5d/rank b=%2d  spark publish+gather %5.2f us  ncclAllGather %5.2f us  -> %.2fx\n", width, b,
+                times.first, times.second, times.second / times.first);
+  }
+  char note[200];
+  std::snprintf(note, sizeof note,
+                "one-way peer store latency GPU0 -> GPU1 (flag ping-pong, half the round trip): %.2f us; n is the "
+                "gathered row width tp * width; %d calls per graph, PDL on for ours",
+                peer_us, o.calls);
+  report.notes.push_back(note);
+  return report.write(o.out_dir, "gather_tp" + std::to_string(o.tp) + "_" + report.date);
+}
+
+}  // namespace spark_decode::bench

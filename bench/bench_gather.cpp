@@ -105,6 +105,11 @@ std::string bench_gather(const GatherBenchOptions& o) {
             const double spark_us = time_replays(group, ours, stream, o.calls, o.repeats);
             mailbox.synchronize(stream);
             CUDA_CHECK(cudaGraphExecDestroy(ours));
+            // NCCL connects lazily on a communicator's first collective, which
+            // cannot happen under capture: one eager call first.
+            NCCL_CHECK(ncclAllGather(src.get(), out.get(), static_cast<size_t>(b) * width, ncclBfloat16, comm, stream));
+            CUDA_CHECK(cudaStreamSynchronize(stream));
+            group.barrier();
             cudaGraphExec_t theirs = capture(stream, o.calls, [&] {
               NCCL_CHECK(ncclAllGather(src.get(), out.get(), static_cast<size_t>(b) * width, ncclBfloat16,
                                        comm, stream));

@@ -1,0 +1,1 @@
+# Tests of the Pooler, ExpertNorm and NVFP4 (issue 4).

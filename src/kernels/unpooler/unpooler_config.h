@@ -10,10 +10,12 @@ namespace spark_decode::kernels {
 // thread to 65536 / threads, and a lane holds KW / 4 registers of weights.
 constexpr int unpooler_max_threads(int kw) { return kw >= 256 ? 512 : 1024; }
 
-// Shared memory of cluster rank 0: one FP32 [TILE][16] partial per warp of
-// the cluster (every CTA reserves it; only rank 0's is used).
+// Shared memory of cluster rank 0: an mbarrier (in a 16-byte header), then
+// one FP32 [TILE x 16] partial per warp of the cluster (every CTA reserves it;
+// only rank 0's is used).
+inline constexpr int kUnpoolerSmemHeader = 16;
 constexpr int unpooler_smem_bytes(int k, int kw, int tile) {
-  return (k / kw) * tile * kUnpoolerTileN * static_cast<int>(sizeof(float));
+  return kUnpoolerSmemHeader + (k / kw) * tile * kUnpoolerTileN * static_cast<int>(sizeof(float));
 }
 
 // The opt-in shared memory per block of sm_90 and sm_100 (227 KiB).

@@ -26,7 +26,6 @@
 // mixes with another token's, so a row's result does not depend on the batch.
 #pragma once
 
-#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include "kernels/common/cluster.cuh"
@@ -54,7 +53,14 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW))
   constexpr int kNt = TILE / 8;                // n8 MMAs per step
   static_assert(KW % kUnpoolerBlockK == 0 && kSteps % ACCS == 0);
   static_assert(TILE == 8 || TILE == 16);
-  extern __shared__ float partials[];  // [S * warps][TILE][16]
+  // Dynamic shared memory: the mbarrier the remote partials complete on,
+  // then one [kNt][32 lanes][4] FP32 partial per warp of the cluster (the
+  // MMA accumulator fragment as the lanes hold it, so each lane's share is
+  // one 16-byte store).
+  extern __shared__ __align__(16) unsigned char smem[];
+  uint64_t* const bar = reinterpret_cast<uint64_t*>(smem);
+  float* const partials = reinterpret_cast<float*>(smem + kUnpoolerSmemHeader);
+  constexpr int kPartial = TILE * kUnpoolerTileN;  // floats per warp partial
 
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -63,8 +69,19 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW))
   const int split = blockIdx.y, splits = gridDim.y;
   const int k_begin = split * (args.k / splits) + warp * KW + t * 8;
   const int feature0 = blockIdx.x * kUnpoolerTileN;
-  // Phase 1 of the cluster barrier: "every CTA has started" (see cluster.cuh).
-  if (splits > 1) ptx::cluster_arrive_relaxed();
+  if (splits > 1) {
+    // Rank 0 expects one partial from every warp of the other CTAs. Its
+    // mbarrier is initialised before the cluster barrier's arrival, which the
+    // senders wait on before their first store (a CTA not yet started has no
+    // shared memory, and an uninitialised mbarrier takes no transactions).
+    if (split == 0 && threadIdx.x == 0) {
+      ptx::mbarrier_init(ptx::smem_addr(bar), 1);
+      ptx::mbarrier_arrive_expect_tx(ptx::smem_addr(bar),
+                                     (splits - 1) * warps * kPartial * static_cast<int>(sizeof(float)));
+      ptx::fence_mbarrier_init_cluster();
+    }
+    ptx::cluster_arrive_relaxed();
+  }
 
   // Weights first: they do not depend on the previous grid.
   const __nv_bfloat16* w_lo = args.w + static_cast<size_t>(feature0 + g) * args.k + k_begin;
@@ -111,44 +128,53 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW))
     }
   }
 
-  // This warp's partial, into cluster rank 0's shared memory as [token][16].
-  namespace cg = cooperative_groups;
-  float* dst = partials;
-  if (splits > 1) {
-    ptx::cluster_wait_acquire();  // rank 0 exists before we store into it
-    dst = cg::this_cluster().map_shared_rank(partials, 0);
-  }
-  float* mine = dst + (split * warps + warp) * TILE * kUnpoolerTileN;
+  // This warp's partial, reduced over its accumulator sets in order 0..ACCS-1,
+  // into slot (split * warps + warp) of rank 0's shared memory.
+  float part[kNt][4];
 #pragma unroll
-  for (int nt = 0; nt < kNt; ++nt) {
+  for (int nt = 0; nt < kNt; ++nt)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      float s = acc[0][nt][i];
+      part[nt][i] = acc[0][nt][i];
 #pragma unroll
-      for (int a = 1; a < ACCS; ++a) s += acc[a][nt][i];
-      const int token = nt * 8 + 2 * t + (i & 1);
-      const int row = g + (i >> 1) * 8;
-      mine[token * kUnpoolerTileN + row] = s;
+      for (int a = 1; a < ACCS; ++a) part[nt][i] += acc[a][nt][i];
     }
-  }
-  // Release our partials / acquire everyone's; no CTA leaves before rank 0
-  // has every remote store it will read.
-  if (splits > 1) {
-    ptx::cluster_arrive_release();
-    ptx::cluster_wait_acquire();
+  float* mine = partials + (split * warps + warp) * kPartial + lane * 4;
+  if (split == 0) {
+#pragma unroll
+    for (int nt = 0; nt < kNt; ++nt)
+      *reinterpret_cast<float4*>(mine + nt * 32 * 4) = make_float4(part[nt][0], part[nt][1], part[nt][2], part[nt][3]);
   } else {
-    __syncthreads();
+    ptx::cluster_wait_acquire();  // rank 0 has started and armed its mbarrier
+    const uint32_t remote_bar = ptx::map_cluster_addr(ptx::smem_addr(bar), 0);
+    const uint32_t remote = ptx::map_cluster_addr(ptx::smem_addr(mine), 0);
+#pragma unroll
+    for (int nt = 0; nt < kNt; ++nt)
+      ptx::st_async_v4(remote + nt * 32 * 4 * sizeof(float), part[nt][0], part[nt][1], part[nt][2], part[nt][3],
+                       remote_bar);
+    return;  // nothing of ours is read after this
   }
-  if (split != 0) return;
+  // Rank 0: its own warps' partials (shared memory, this CTA), then every
+  // remote partial (the mbarrier's transactions).
+  __syncthreads();
+  if (splits > 1) {
+    ptx::cluster_wait_acquire();  // completes this thread's barrier phase
+    ptx::mbarrier_wait_parity(ptx::smem_addr(bar), 0);
+  }
 
+  // Thread j sums element j of every partial in warp order w = 0, 1, ...
+  // (j in the fragment layout: nt, lane (g, t), register i), so its
+  // shared-memory reads are conflict-free; unrolled so they are in flight
+  // together.
   const int total = splits * warps;
-  for (int idx = threadIdx.x; idx < args.m * kUnpoolerTileN; idx += blockDim.x) {
-    const int token = idx / kUnpoolerTileN, row = idx % kUnpoolerTileN;
-    // In order w = 0, 1, ...; unrolled so the shared-memory loads are in
-    // flight together (this tail runs once per CTA, after the weights).
-    float s = partials[idx];
+  for (int j = threadIdx.x; j < kPartial; j += blockDim.x) {
+    const int i = j & 3, ln = (j >> 2) & 31, nt = j >> 7;
+    const int token = nt * 8 + 2 * (ln & 3) + (i & 1);
+    const int row = (ln >> 2) + (i >> 1) * 8;
+    if (token >= args.m) continue;
+    float s = partials[j];
 #pragma unroll 8
-    for (int w = 1; w < total; ++w) s += partials[w * TILE * kUnpoolerTileN + idx];
+    for (int w = 1; w < total; ++w) s += partials[w * kPartial + j];
     args.out[static_cast<size_t>(token) * args.n + feature0 + row] = __float2bfloat16_rn(s);
   }
 }

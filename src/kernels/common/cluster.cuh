@@ -7,6 +7,8 @@
 // store costs nothing: the wait is long satisfied by then.
 #pragma once
 
+#include <cstdint>
+
 namespace spark_decode::ptx {
 
 // Arrive without ordering any memory access (the "all CTAs started" barrier).

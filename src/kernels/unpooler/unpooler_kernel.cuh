@@ -26,6 +26,7 @@
 // mixes with another token's, so a row's result does not depend on the batch.
 #pragma once
 
+#include <cstdint>
 #include <cuda_bf16.h>
 
 #include "kernels/common/cluster.cuh"

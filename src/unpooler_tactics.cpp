@@ -77,13 +77,18 @@ UnpoolerTactic make_tactic(int splits, int kw, int accs, int tile16_from) {
   return t;
 }
 
-// A valid tactic for a shape the table does not list. Measured on an H200
-// (bench/results/unpooler_tune_*.json): a K split across a cluster (S > 1)
-// always cost more than it gained at the model's shapes (the distributed
-// shared memory reduction and its cluster barrier), so the least S that
-// gives a valid warp count, then the widest weight slice per warp.
+// A valid tactic for a shape the table does not list: a heuristic read off
+// the H200 tune (bench/results/unpooler_tune_*.json): enough CTAs for about
+// two per SM (the least S with (N / 16) * S >= 256), then the widest weight
+// slice per warp that the register budget allows.
 UnpoolerTactic default_tactic(int n, int k) {
+  const int tiles = std::max(n / kUnpoolerTileN, 1);
+  std::vector<int> order;
   for (int s : {1, 2, 4, 8})
+    if (tiles * s >= 256 || s == 8) order.push_back(s);
+  for (int s : {8, 4, 2, 1})
+    if (std::find(order.begin(), order.end(), s) == order.end()) order.push_back(s);
+  for (int s : order)
     for (int kw : {256, 128, 64})
       if (!launch_unsupported(n, k, s, kw, 2)) return make_tactic(s, kw, 2, 9);
   return make_tactic(1, kUnpoolerKws.front(), 1, 9);  // invalid: unsupported() says why
@@ -97,10 +102,10 @@ const std::vector<UnpoolerTacticEntry>& unpooler_tactic_table() {
   // 8, 16, CUDA graphs over cold weights): the lowest mean time over M.
   static const char* kMeasured = "H200, 2026-11-30, tune: lowest mean us over M 1..16";
   static const std::vector<UnpoolerTacticEntry> table = {
-      {kMuseSpark.hidden / 1, kMuseSpark.pooled, make_tactic(1, 256, 4, 9), kMeasured},
-      {kMuseSpark.hidden / 2, kMuseSpark.pooled, make_tactic(1, 256, 4, 9), kMeasured},
-      {kMuseSpark.hidden / 4, kMuseSpark.pooled, make_tactic(1, 256, 4, 9), kMeasured},
-      {kMuseSpark.hidden / 8, kMuseSpark.pooled, make_tactic(1, 256, 1, 9), kMeasured},
+      {kMuseSpark.hidden / 1, kMuseSpark.pooled, make_tactic(4, 256, 1, 9), kMeasured},
+      {kMuseSpark.hidden / 2, kMuseSpark.pooled, make_tactic(4, 256, 1, 9), kMeasured},
+      {kMuseSpark.hidden / 4, kMuseSpark.pooled, make_tactic(2, 256, 2, 9), kMeasured},
+      {kMuseSpark.hidden / 8, kMuseSpark.pooled, make_tactic(2, 256, 2, 9), kMeasured},
   };
   return table;
 }

@@ -1,8 +1,11 @@
 // The Unpooler: validation, kernel selection and launch.
+#include <algorithm>
+
 #include "cuda_utils.h"
 #include "kernels/common/launch.cuh"
 #include "kernels/unpooler/unpooler_kernel.cuh"
 #include "spark_decode/error.h"
+#include "spark_decode/mailbox.h"
 #include "spark_decode/unpooler.h"
 
 namespace spark_decode {
@@ -77,11 +80,26 @@ Unpooler::Unpooler(const TensorRef& weight, Options options)
   }
   tactic_ = options.tactic ? *options.tactic : unpooler_tactic(n_, k_);
   if (auto reason = unsupported(weight, tactic_)) throw InvalidArgument(*reason);
+  mailbox_ = options.mailbox;
+  if (mailbox_) {
+    SPARK_CHECK(mailbox_->width() == n_, "mailbox width ", mailbox_->width(), " != unpooler N ", n_);
+    SPARK_CHECK(mailbox_->device() == device_, "the mailbox is on cuda:", mailbox_->device(),
+                ", the unpooler weight on cuda:", device_);
+    max_m_ = std::min(kUnpoolerMaxM, mailbox_->capacity());
+    if (options.ticket) {
+      const TensorRef& t = *options.ticket;
+      SPARK_CHECK(t.dtype == DType::i32 && t.ndim == 1 && t.shape[0] == 1 && t.device == mailbox_->device() &&
+                      t.data != nullptr && t.is_aligned(4),
+                  "the ticket must be int32 [1] on the mailbox");
+      ticket_ = static_cast<int32_t*>(t.data);
+    }
+  } else {
+    SPARK_CHECK(!options.ticket, "a ticket stage needs a mailbox");
+  }
   std::vector<int> rows = options.rows;
   if (rows.empty())
-    for (int m = 1; m <= kUnpoolerMaxM; ++m) rows.push_back(m);
-  for (int m : rows)
-    SPARK_CHECK(m >= 1 && m <= kUnpoolerMaxM, "rows: ", m, " outside 1..", kUnpoolerMaxM);
+    for (int m = 1; m <= max_m_; ++m) rows.push_back(m);
+  for (int m : rows) SPARK_CHECK(m >= 1 && m <= max_m_, "rows: ", m, " outside 1..", max_m_);
   detail::require_sm90(device_, "the unpooler GEMM");
   detail::DeviceGuard guard(device_);
   for (int m : rows) prepare_tile(tactic_.token_tile[m - 1]);
@@ -111,8 +129,7 @@ void Unpooler::prepare_tile(int tile) {
 }
 
 void Unpooler::run(const void* x, void* out, int m, cudaStream_t stream) {
-  SPARK_CHECK(m >= 1 && m <= kUnpoolerMaxM, "x [", m, ", ", k_, "]: needs [1..", kUnpoolerMaxM,
-              ", ", k_, "]");
+  SPARK_CHECK(m >= 1 && m <= max_m_, "x [", m, ", ", k_, "]: needs [1..", max_m_, ", ", k_, "]");
   SPARK_CHECK(x != nullptr && out != nullptr && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
                   reinterpret_cast<uintptr_t>(out) % 16 == 0,
               "x and out must be non-null 16-byte aligned BF16");
@@ -124,17 +141,25 @@ void Unpooler::run(const void* x, void* out, int m, cudaStream_t stream) {
     prepare_tile(tile);
   }
   detail::require_current_device(device_, "the unpooler");
-  const kernels::UnpoolerArgs args{static_cast<const __nv_bfloat16*>(weight_),
-                                   static_cast<const __nv_bfloat16*>(x),
-                                   static_cast<__nv_bfloat16*>(out), n_, k_, m};
+  kernels::UnpoolerArgs args{static_cast<const __nv_bfloat16*>(weight_),
+                             static_cast<const __nv_bfloat16*>(x),
+                             static_cast<__nv_bfloat16*>(out), n_, k_, m, {}};
+  if (mailbox_) {
+    kernels::UnpoolerPublish& p = args.publish;
+    p.mode = ticket_ ? kernels::UnpoolerPublish::kTicket : kernels::UnpoolerPublish::kStageWord;
+    p.rank = mailbox_->rank();
+    p.layout = mailbox::Layout{mailbox_->tp(), mailbox_->capacity(), mailbox_->width()};
+    for (int q = 0; q < mailbox_->tp(); ++q) p.copies[q] = static_cast<uint16_t*>(mailbox_->copies()[q]);
+    p.state = ticket_ ? ticket_ : mailbox_->stage_state();
+  }
   kernels::launch(unpooler_kernel_for(tactic_.kw, tactic_.accs, tile),
                   launch_shape(n_, k_, tactic_, tile, enable_pdl_), stream, args);
 }
 
 void Unpooler::run(const TensorRef& x, const TensorRef& out, cudaStream_t stream) {
   const int m = x.ndim == 2 ? static_cast<int>(x.shape[0]) : 0;
-  SPARK_CHECK(x.ndim == 2 && m >= 1 && m <= kUnpoolerMaxM && x.shape[1] == k_, "x ",
-              x.describe(), ": needs [1..", kUnpoolerMaxM, ", ", k_, "]");
+  SPARK_CHECK(x.ndim == 2 && m >= 1 && m <= max_m_ && x.shape[1] == k_, "x ", x.describe(),
+              ": needs [1..", max_m_, ", ", k_, "]");
   SPARK_CHECK(out.ndim == 2 && out.shape[0] == m && out.shape[1] == n_, "out ", out.describe(),
               " != [", m, ", ", n_, "]");
   for (const TensorRef* t : {&x, &out})

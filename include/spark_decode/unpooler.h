@@ -19,6 +19,16 @@
 // reproducible and batch invariant (a row's result does not depend on the
 // other rows of the batch).
 //
+// Zero-copy publish (Options::mailbox, SPEC §2.5): the epilogue also writes
+// y into this rank's slot of every rank's copy of the next boundary's
+// LamportMailbox (width == N), -0.0 stored as +0.0, at the stage its NEXT
+// word names, and sets its ACTIVE word: the same bytes and stage word the
+// mailbox's own publish() would write, so the boundary needs no publish
+// kernel; its consumer (gather, ...) follows as usual. With a ticket (int32
+// [1] device memory on the mailbox's device, stage in its upper 16 bits) the
+// slot's stage is the ticket's and no stage word is written: the consuming
+// boundary advances the stage itself. max_m = min(16, capacity).
+//
 // What run() may not do: allocate, synchronise, or prepare a kernel under
 // CUDA graph capture. It is capturable; it reads W before waiting on the
 // previous grid (programmatic dependent launch) and x only after.
@@ -34,6 +44,8 @@
 #include "spark_decode/types.h"
 
 namespace spark_decode {
+
+class LamportMailbox;
 
 // Rows of W per CTA (the MMA's M) and K per 16-byte load step of a lane quad.
 inline constexpr int kUnpoolerTileN = 16;
@@ -86,9 +98,13 @@ class Unpooler {
     bool enable_pdl = true;
     std::optional<UnpoolerTactic> tactic;  // default: unpooler_tactic(N, K)
     // Row counts whose token tiles are prepared at construction (default:
-    // all of 1..16). run() with another m prepares its tile then, which it
-    // refuses under CUDA graph capture.
+    // all of 1..max_m). run() with another m prepares its tile then, which
+    // it refuses under CUDA graph capture.
     std::vector<int> rows;
+    // Zero-copy publish into this mailbox (not owned; it must outlive the
+    // Unpooler), and optionally the ticket that gives its stage.
+    LamportMailbox* mailbox = nullptr;
+    std::optional<TensorRef> ticket;
   };
 
   // weight: this rank's [N, K] shard (a view; it must outlive the Unpooler).
@@ -114,7 +130,8 @@ class Unpooler {
 
   int n() const { return n_; }
   int k() const { return k_; }
-  int max_m() const { return kUnpoolerMaxM; }
+  int max_m() const { return max_m_; }
+  LamportMailbox* mailbox() const { return mailbox_; }
   int device() const { return device_; }
   bool enable_pdl() const { return enable_pdl_; }
   const UnpoolerTactic& tactic() const { return tactic_; }
@@ -126,6 +143,9 @@ class Unpooler {
 
   const void* weight_;
   int n_, k_, device_;
+  int max_m_ = kUnpoolerMaxM;
+  LamportMailbox* mailbox_ = nullptr;
+  int32_t* ticket_ = nullptr;
   bool enable_pdl_;
   UnpoolerTactic tactic_;
   std::array<bool, 2> prepared_{};

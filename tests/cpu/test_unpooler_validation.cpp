@@ -79,7 +79,7 @@ TEST(UnpoolerValidation, LaunchUnsupportedReasons) {
             "kw=256 runs at most 16 warps per CTA (each lane holds kw/4 registers of weights), got 32");
   // 8 x 32 x 64: 256 warp partials of [16][16] FP32 = 256 KiB at rank 0.
   EXPECT_EQ(*sd::launch_unsupported(16, 8 * 32 * 64, 8, 64, 1),
-            "256 warp partials need 262160 bytes of shared memory at cluster rank 0, more than 232448");
+            "256 warp partials need 262672 bytes of shared memory at cluster rank 0, more than 232448");
   EXPECT_FALSE(sd::launch_unsupported(16, 256, 1, 64, 4));
   EXPECT_FALSE(sd::launch_unsupported(48, 256, 4, 64, 2));
 }

@@ -143,3 +143,89 @@ __device__ __forceinline__ void mma_m16n8k16_bf16(float (&d)[4], const uint32_t 
 }
 
 }  // namespace spark_decode::ptx
+
+// ---- NVFP4 conversions and fast reciprocal (the Pooler) ----------------------
+// The exact instructions vLLM's scaled_fp4_quant and the seed's fused
+// consumer use, so that our kernels round exactly as theirs. Composed into
+// the NVFP4 steps in kernels/nvfp4/nvfp4.cuh. Not volatile: pure register
+// operations the compiler may schedule freely.
+namespace spark_decode::ptx {
+
+// 1/a to about 1 ulp (not correctly rounded); subnormal inputs and results
+// flush to sign-preserving zero (.ftz): rcp(subnormal) is +-Inf.
+__device__ __forceinline__ float rcp_approx_ftz_f32(float a) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(a));
+  return r;
+}
+
+// |a| (abs.f32: clears the sign bit, NaN stays NaN).
+__device__ __forceinline__ float abs_f32(float a) {
+  float r;
+  asm("abs.f32 %0, %1;" : "=f"(r) : "f"(a));
+  return r;
+}
+
+// max(a, b) (max.f32: a NaN operand yields the other operand).
+__device__ __forceinline__ float max_f32(float a, float b) {
+  float r;
+  asm("max.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
+// Two floats to two E2M1 codes in one byte, round to nearest even,
+// saturating to +-6: `hi` in bits 4..7, `lo` in bits 0..3.
+__device__ __forceinline__ uint32_t cvt_rn_satfinite_e2m1x2_f32(float hi, float lo) {
+  uint32_t r;
+  asm("{\n"
+      "  .reg .b8 byte0;\n"
+      "  cvt.rn.satfinite.e2m1x2.f32 byte0, %1, %2;\n"
+      "  cvt.u32.u8 %0, byte0;\n"
+      "}\n"
+      : "=r"(r)
+      : "f"(hi), "f"(lo));
+  return r;
+}
+
+// Two floats to two E4M3 values (round to nearest even, saturating to
+// +-448, NaN to NaN): `hi` in bits 8..15, `lo` in bits 0..7.
+__device__ __forceinline__ uint32_t cvt_rn_satfinite_e4m3x2_f32(float hi, float lo) {
+  uint32_t r;
+  asm("{\n"
+      "  .reg .b16 pair;\n"
+      "  cvt.rn.satfinite.e4m3x2.f32 pair, %1, %2;\n"
+      "  cvt.u32.u16 %0, pair;\n"
+      "}\n"
+      : "=r"(r)
+      : "f"(hi), "f"(lo));
+  return r;
+}
+
+// Two E4M3 values (bits 0..7 and 8..15 of `pair`) to two halves, exactly
+// (every E4M3 value is an FP16 value): the low byte's half in bits 0..15.
+__device__ __forceinline__ uint32_t cvt_rn_f16x2_e4m3x2(uint32_t pair) {
+  uint32_t r;
+  asm("{\n"
+      "  .reg .b16 pair16;\n"
+      "  cvt.u16.u32 pair16, %1;\n"
+      "  cvt.rn.f16x2.e4m3x2 %0, pair16;\n"
+      "}\n"
+      : "=r"(r)
+      : "r"(pair));
+  return r;
+}
+
+// The low half of a half2 register to float (exact).
+__device__ __forceinline__ float cvt_f32_f16_lo(uint32_t h2) {
+  float r;
+  asm("{\n"
+      "  .reg .b16 lo, hi;\n"
+      "  mov.b32 {lo, hi}, %1;\n"
+      "  cvt.f32.f16 %0, lo;\n"
+      "}\n"
+      : "=f"(r)
+      : "r"(h2));
+  return r;
+}
+
+}  // namespace spark_decode::ptx

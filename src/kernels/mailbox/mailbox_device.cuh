@@ -100,7 +100,7 @@ __device__ __forceinline__ void store_to_all(uint16_t* const (&copies)[mailbox::
 
 // Reports a slot that never filled and kills the grid. Out of line: the hot
 // loop stays small.
-__device__ __noinline__ void spin_timeout(SpinLimit limit, int stage, int source, int row) {
+__device__ __noinline__ inline void spin_timeout(SpinLimit limit, int stage, int source, int row) {
   if (limit.record != nullptr) {
     ptx::st_relaxed_sys_u32(limit.record, mailbox::make_timeout_record(limit.rank, stage, source, row));
     ptx::fence_acq_rel_sys();  // the record reaches host memory before the trap

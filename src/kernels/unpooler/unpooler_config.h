@@ -10,10 +10,11 @@ namespace spark_decode::kernels {
 // thread to 65536 / threads, and a lane holds KW / 4 registers of weights.
 constexpr int unpooler_max_threads(int kw) { return kw >= 256 ? 512 : 1024; }
 
-// Shared memory of cluster rank 0: an mbarrier (in a 16-byte header), then
-// one FP32 [TILE x 16] partial per warp of the cluster (every CTA reserves it;
-// only rank 0's is used).
-inline constexpr int kUnpoolerSmemHeader = 16;
+// Shared memory of cluster rank 0: a header (an mbarrier, then the CTA's
+// [16 tokens][16] BF16 output tile), then one FP32 [TILE x 16] partial per
+// warp of the cluster (every CTA reserves it; only rank 0's is used).
+inline constexpr int kUnpoolerSmemBarrier = 16;
+inline constexpr int kUnpoolerSmemHeader = kUnpoolerSmemBarrier + kUnpoolerMaxM * kUnpoolerTileN * 2;
 constexpr int unpooler_smem_bytes(int k, int kw, int tile) {
   return kUnpoolerSmemHeader + (k / kw) * tile * kUnpoolerTileN * static_cast<int>(sizeof(float));
 }

@@ -31,15 +31,30 @@
 
 #include "kernels/common/cluster.cuh"
 #include "kernels/common/ptx.cuh"
+#include "kernels/mailbox/mailbox_device.cuh"
 #include "kernels/unpooler/unpooler_config.h"
 
 namespace spark_decode::kernels {
+
+// Where the zero-copy epilogue publishes y (SPEC §2.5): the next boundary's
+// mailbox, width N. mode kNone: y is only stored.
+struct UnpoolerPublish {
+  enum Mode : int { kNone = 0, kStageWord = 1, kTicket = 2 };
+  int mode = kNone;
+  int rank = 0;
+  mailbox::Layout layout;
+  uint16_t* copies[mailbox::kMaxRanks] = {};  // every rank's copy, as this device addresses it
+  // kStageWord: the mailbox's stage state (NEXT read, ACTIVE written, as its
+  // own publisher does); kTicket: the ticket, stage in its upper 16 bits.
+  int32_t* state = nullptr;
+};
 
 struct UnpoolerArgs {
   const __nv_bfloat16* w;  // [N, K]
   const __nv_bfloat16* x;  // [m, K]
   __nv_bfloat16* out;      // [m, N]
   int n, k, m;
+  UnpoolerPublish publish;
 };
 
 __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
@@ -54,14 +69,16 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW))
   constexpr int kNt = TILE / 8;                // n8 MMAs per step
   static_assert(KW % kUnpoolerBlockK == 0 && kSteps % ACCS == 0);
   static_assert(TILE == 8 || TILE == 16);
-  // Dynamic shared memory: the mbarrier the remote partials complete on,
-  // then one [kNt][32 lanes][4] FP32 partial per warp of the cluster (the
-  // MMA accumulator fragment as the lanes hold it, so each lane's share is
-  // one 16-byte store).
+  // Dynamic shared memory: a header (the mbarrier the remote partials
+  // complete on, and y of this CTA, [TILE][16] BF16), then one [kNt][32
+  // lanes][4] FP32 partial per warp of the cluster (the MMA accumulator
+  // fragment as the lanes hold it, so each lane's share is one 16-byte store).
   extern __shared__ __align__(16) unsigned char smem[];
   uint64_t* const bar = reinterpret_cast<uint64_t*>(smem);
+  __nv_bfloat16* const y_tile = reinterpret_cast<__nv_bfloat16*>(smem + kUnpoolerSmemBarrier);
   float* const partials = reinterpret_cast<float*>(smem + kUnpoolerSmemHeader);
   constexpr int kPartial = TILE * kUnpoolerTileN;  // floats per warp partial
+  static_assert(kUnpoolerSmemBarrier + TILE * kUnpoolerTileN * 2 <= kUnpoolerSmemHeader);
 
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -166,7 +183,7 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW))
   // Thread j sums element j of every partial in warp order w = 0, 1, ...
   // (j in the fragment layout: nt, lane (g, t), register i), so its
   // shared-memory reads are conflict-free; unrolled so they are in flight
-  // together.
+  // together. y goes to shared memory first, to leave as 16-byte rows.
   const int total = splits * warps;
   for (int j = threadIdx.x; j < kPartial; j += blockDim.x) {
     const int i = j & 3, ln = (j >> 2) & 31, nt = j >> 7;
@@ -176,8 +193,32 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW))
     float s = partials[j];
 #pragma unroll 8
     for (int w = 1; w < total; ++w) s += partials[w * kPartial + j];
-    args.out[static_cast<size_t>(token) * args.n + feature0 + row] = __float2bfloat16_rn(s);
+    y_tile[token * kUnpoolerTileN + row] = __float2bfloat16_rn(s);
   }
+  __syncthreads();
+
+  // Thread (token, half): 8 features of one token, one 16-byte vector.
+  const UnpoolerPublish& pub = args.publish;
+  if (threadIdx.x >= 2 * args.m) return;
+  const int token = threadIdx.x >> 1, col = feature0 + (threadIdx.x & 1) * 8;
+  const uint4 y = *reinterpret_cast<const uint4*>(y_tile + threadIdx.x * 8);
+  *reinterpret_cast<uint4*>(args.out + static_cast<size_t>(token) * args.n + col) = y;
+  if (pub.mode == UnpoolerPublish::kNone) return;
+  // Zero-copy publish: exactly what the mailbox's own publisher stores (the
+  // same vectors, -0.0 as +0.0, into this rank's slot of every copy at the
+  // stage NEXT names) and the same ACTIVE word; with a ticket the stage is
+  // the ticket's and no stage word is written. All reads of the state come
+  // after griddep_wait (mailbox_device.cuh, ordering 1).
+  uint32_t stage;
+  if (pub.mode == UnpoolerPublish::kStageWord) {
+    const uint32_t next = mailbox_dev::read_next(pub.state);
+    if (threadIdx.x == 0) mailbox_dev::set_active(pub.state, next);
+    stage = mailbox::word_stage(next);
+  } else {
+    stage = mailbox::word_stage(ptx::ld_relaxed_sys_u32(reinterpret_cast<const uint32_t*>(pub.state)));
+  }
+  mailbox_dev::store_to_all(pub.copies, pub.layout.tp, pub.rank,
+                            pub.layout.offset(stage, pub.rank, token, col), mailbox_dev::publish_vec(y));
 }
 
 }  // namespace spark_decode::kernels

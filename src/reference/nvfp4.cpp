@@ -1,0 +1,116 @@
+// The CPU side of NVFP4: conversions and the reference quantizer.
+//
+// Plain FP32 arithmetic in the order the GPU runs it; this file must not be
+// compiled with floating-point contraction (-ffp-contract=fast) or x87
+// excess precision: C++20 on x86-64 with GCC/Clang (ISO mode, SSE) has
+// neither by default.
+#include <cmath>
+#include <cstring>
+
+#include "spark_decode/bf16.h"
+#include "spark_decode/error.h"
+#include "spark_decode/nvfp4.h"
+
+namespace spark_decode {
+
+uint8_t e2m1_rn_satfinite(float x) {
+  const uint32_t bits = float_to_bits(x);
+  const float a = std::fabs(x);
+  if (std::isnan(x)) return 0x7;  // CUDA: NaN -> +max
+  const uint8_t sign = static_cast<uint8_t>((bits >> 31) << 3);
+  // The representable magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 are codes 0..7;
+  // each threshold is the midpoint of two neighbours, exactly representable
+  // in float, and a value on it goes to the even code.
+  uint8_t code;
+  if (a <= 0.25f) code = 0;        // tie 0.25 -> 0 (even)
+  else if (a < 0.75f) code = 1;    // tie 0.75 -> 2
+  else if (a <= 1.25f) code = 2;   // tie 1.25 -> 2
+  else if (a < 1.75f) code = 3;    // tie 1.75 -> 4
+  else if (a <= 2.5f) code = 4;    // tie 2.5 -> 4
+  else if (a < 3.5f) code = 5;     // tie 3.5 -> 6
+  else if (a <= 5.0f) code = 6;    // tie 5 -> 6
+  else code = 7;                   // saturate (Inf included)
+  return static_cast<uint8_t>(code | sign);
+}
+
+float e2m1_to_float(uint8_t code) {
+  static const float kMagnitude[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  const float m = kMagnitude[code & 7];
+  return (code & 8) ? -m : m;
+}
+
+uint8_t e4m3_rn_satfinite(float x) {
+  const uint32_t bits = float_to_bits(x);
+  const uint32_t abs = bits & 0x7fffffffu;
+  if (abs > 0x7f800000u) return 0x7f;  // NaN (CUDA canonicalises: positive)
+  const uint8_t sign = static_cast<uint8_t>((bits >> 31) << 7);
+  const float a = bits_to_float(abs);
+  uint8_t res;
+  if (a <= 0x1p-10f) {
+    res = 0;  // at most half the smallest subnormal 2^-9: ties to even (0)
+  } else if (a > 464.0f) {
+    res = 0x7e;  // past 448 + half an ulp (16): saturate; Inf too
+  } else if (a >= 0x1p-6f) {
+    // Normal: exponent field e + 7, three mantissa bits rounded to nearest
+    // even from float's 23 (a carry rolls into the exponent, as it must;
+    // 464 itself rounds to even, down to 448).
+    const uint32_t e = (abs >> 23) - 127 + 7;
+    const uint32_t m = (abs >> 20) & 7u;
+    const uint32_t rest = abs & 0xfffffu;
+    uint32_t r = (e << 3) | m;
+    if (rest > 0x80000u || (rest == 0x80000u && (m & 1u))) ++r;
+    res = static_cast<uint8_t>(r);
+  } else {
+    // Subnormal: multiples of 2^-9; a * 512 is exact and nearbyint rounds
+    // to nearest even in the default rounding mode. 8 is the smallest
+    // normal, whose encoding 0x08 the same integer gives.
+    res = static_cast<uint8_t>(std::nearbyint(a * 512.0f));
+  }
+  return static_cast<uint8_t>(res | sign);
+}
+
+float e4m3_to_float(uint8_t v) {
+  const int e = (v >> 3) & 0xf, m = v & 7;
+  float mag;
+  if (e == 0xf && m == 7) return std::nanf("");
+  if (e == 0)
+    mag = std::ldexp(static_cast<float>(m), -9);
+  else
+    mag = std::ldexp(1.0f + m / 8.0f, e - 7);
+  return (v & 0x80) ? -mag : mag;
+}
+
+namespace reference {
+
+uint8_t nvfp4_quantize_block(const float* y, float global_scale, uint8_t* packed) {
+  float vmax = 0.0f;
+  for (int i = 0; i < kNvfp4Block; ++i) vmax = std::fmax(vmax, std::fabs(y[i]));
+  // GPU: vmax * rcp_approx_ftz(6), then * gs; here the exact reciprocal.
+  const float sf_value = global_scale * (vmax * (1.0f / 6.0f));
+  const uint8_t sf = e4m3_rn_satfinite(sf_value);
+  const float sf_float = e4m3_to_float(sf);
+  const float out_scale = sf_float == 0.0f ? 0.0f : 1.0f / (sf_float * (1.0f / global_scale));
+  for (int j = 0; j < kNvfp4Block / 2; ++j) {
+    const uint8_t lo = e2m1_rn_satfinite(y[2 * j] * out_scale);
+    const uint8_t hi = e2m1_rn_satfinite(y[2 * j + 1] * out_scale);
+    packed[j] = static_cast<uint8_t>(lo | hi << 4);
+  }
+  return sf;
+}
+
+void nvfp4_quantize(const uint16_t* y, int rows, int cols, float global_scale, uint8_t* a,
+                    uint8_t* a_sf) {
+  SPARK_CHECK(rows >= 0 && cols > 0 && cols % kNvfp4Block == 0, "nvfp4 reference: [", rows, ", ",
+              cols, "] needs cols % ", kNvfp4Block, " == 0");
+  float block[kNvfp4Block];
+  for (int r = 0; r < rows; ++r)
+    for (int b = 0; b < cols / kNvfp4Block; ++b) {
+      for (int i = 0; i < kNvfp4Block; ++i)
+        block[i] = bf16_to_float(y[size_t(r) * cols + b * kNvfp4Block + i]);
+      a_sf[size_t(r) * (cols / kNvfp4Block) + b] =
+          nvfp4_quantize_block(block, global_scale, a + size_t(r) * (cols / 2) + b * 8);
+    }
+}
+
+}  // namespace reference
+}  // namespace spark_decode

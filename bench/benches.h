@@ -45,3 +45,13 @@ struct GatherBenchOptions {
 std::string bench_gather(const GatherBenchOptions& options);
 
 }  // namespace spark_decode::bench
+
+namespace spark_decode::bench {
+
+// `spark-decode bench unpooler --publish`: at tp GPUs of this process, per m:
+// zero-copy GEMM + gather, plain GEMM + publish + gather, the GEMMs alone,
+// and cuBLAS + ncclAllGather; all CUDA graphs over cold weights. Returns the
+// JSON path.
+std::string bench_unpooler_publish(const UnpoolerBenchOptions& options, int tp);
+
+}  // namespace spark_decode::bench

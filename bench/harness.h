@@ -12,6 +12,10 @@
 #include <string>
 #include <vector>
 
+namespace spark_decode {
+class Group;
+}
+
 namespace spark_decode::bench {
 
 struct Record {
@@ -45,6 +49,14 @@ int cold_copies(size_t bytes_per_copy, int min_calls = 62);
 // call (replay time / calls).
 double time_graph(const std::function<void(cudaStream_t, int)>& enqueue, int calls, int repeats,
                   cudaStream_t stream);
+
+// Multi-GPU timing (one thread per rank): replays `exec` `repeats` times on
+// every rank at once (a group barrier before each replay keeps the ranks
+// within a launch of each other) and returns this rank's median microseconds
+// per call.
+double time_replays(Group& group, cudaGraphExec_t exec, cudaStream_t stream, int calls, int repeats);
+// `calls` calls of one_call() captured on `stream` into an executable graph.
+cudaGraphExec_t capture_graph(cudaStream_t stream, int calls, const std::function<void()>& one_call);
 
 // Device name, today's date, and the commit (SPARK_DECODE_COMMIT, else the
 // configure-time git hash).

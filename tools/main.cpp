@@ -35,6 +35,11 @@ int main(int argc, char** argv) {
   auto* bench = app.add_subcommand("bench", "benchmarks against the stock path (SPEC §7)");
   bench->require_subcommand(1);
   auto* bench_unpooler = bench->add_subcommand("unpooler", "the unpooler GEMM against cuBLAS, tp 1, 2, 4, 8");
+  bool publish = false;
+  int publish_tp = 2;
+  bench_unpooler->add_flag("--publish", publish,
+                           "zero-copy publish + gather against plain + publish and cuBLAS + NCCL (--publish-tp GPUs)");
+  bench_unpooler->add_option("--publish-tp", publish_tp, "GPUs for --publish");
   sd::bench::GatherBenchOptions gather_opts;
   gather_opts.out_dir = opts.out_dir;
   auto* bench_gather = bench->add_subcommand("gather", "mailbox publish + gather against ncclAllGather (tp GPUs)");
@@ -74,6 +79,11 @@ int main(int argc, char** argv) {
     if (*bench_unpooler || *tune_unpooler) {
       if (int rc = require_gpu("bench")) return rc;
       std::filesystem::create_directories(opts.out_dir);
+      if (*bench_unpooler && publish) {
+        if (opts.ms == std::vector<int>{1, 2, 4, 8, 16}) opts.ms = {1, 4, 8, 16};
+        std::printf("wrote %s (and .md)\n", sd::bench::bench_unpooler_publish(opts, publish_tp).c_str());
+        return 0;
+      }
       const std::string path = *bench_unpooler ? sd::bench::bench_unpooler(opts) : sd::bench::tune_unpooler(opts);
       std::printf("wrote %s (and .md)\n", path.c_str());
       return 0;

@@ -3,7 +3,10 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <chrono>
+#include <mutex>
 #include <sstream>
+#include <thread>
 
 #include "spark_decode/bf16.h"
 
@@ -49,10 +52,45 @@ const char* dist_name(Dist d) {
 }
 
 std::vector<uint16_t> random_bf16(size_t count, Dist dist, int scale_log2) {
+  return random_bf16(count, dist, scale_log2, rng());
+}
+
+std::string peer_gpus_unavailable_reason(int n) {
+  std::string why = gpu_unavailable_reason(n);
+  if (!why.empty()) return why;
+  for (int a = 0; a < n; ++a)
+    for (int b = 0; b < n; ++b) {
+      int can = 1;
+      if (a != b) CUDA_CHECK(cudaDeviceCanAccessPeer(&can, a, b));
+      if (!can) return "GPUs " + std::to_string(a) + " and " + std::to_string(b) + " cannot access each other peer-to-peer";
+    }
+  return "";
+}
+
+std::vector<std::string> run_on_gpus(int tp, const std::function<void(Group&, int)>& fn) {
+  auto shared = InProcessGroup::make_shared(tp, std::chrono::seconds(60));
+  std::mutex mu;
+  std::vector<std::string> failures;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < tp; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        CUDA_CHECK(cudaSetDevice(r));
+        InProcessGroup group(shared, r);
+        fn(group, r);
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lock(mu);
+        failures.push_back("rank " + std::to_string(r) + ": " + e.what());
+      }
+    });
+  for (auto& t : threads) t.join();
+  return failures;
+}
+
+std::vector<uint16_t> random_bf16(size_t count, Dist dist, int scale_log2, std::mt19937_64& g) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::uniform_real_distribution<float> unit(0.0f, 1.0f);
   std::uniform_int_distribution<int> mantissa(1, 127);
-  auto& g = rng();
   std::vector<uint16_t> out(count);
   const float scale = std::ldexp(1.0f, scale_log2);
   for (auto& v : out) {

@@ -6,11 +6,13 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "spark_decode/error.h"
+#include "spark_decode/group.h"
 
 namespace spark_decode::testing {
 
@@ -35,6 +37,17 @@ inline constexpr Dist kAllDists[] = {Dist::normal, Dist::scaled, Dist::outliers,
 // BF16 bit patterns. `scale_log2` multiplies the normal draws by 2^scale_log2
 // (for Dist::scaled). specials mixes -0.0, +0.0, subnormals and normals.
 std::vector<uint16_t> random_bf16(size_t count, Dist dist, int scale_log2 = 0);
+// The same from a caller's generator (one per thread: rng() is not shared
+// safely between threads).
+std::vector<uint16_t> random_bf16(size_t count, Dist dist, int scale_log2, std::mt19937_64& gen);
+
+// Why GPUs 0..n-1 of this process cannot all reach each other peer to peer
+// ("" when they can).
+std::string peer_gpus_unavailable_reason(int n);
+
+// Runs fn(group, rank) on `tp` threads, thread r on GPU r over one
+// InProcessGroup; returns what each rank threw (empty: all passed).
+std::vector<std::string> run_on_gpus(int tp, const std::function<void(Group&, int)>& fn);
 
 // Device memory with `guard_bytes` of a known pattern on either side; the
 // caller checks the guards after the kernels ran.

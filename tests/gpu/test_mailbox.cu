@@ -26,20 +26,9 @@ using namespace sd::testing::mailbox_tests;
 
 namespace {
 
-// Why two GPUs of this process cannot run the mailbox ("" when they can).
-std::string two_gpu_reason() {
-  std::string why = gpu_unavailable_reason(2);
-  if (!why.empty()) return why;
-  int a = 0, b = 0;
-  CUDA_CHECK(cudaDeviceCanAccessPeer(&a, 0, 1));
-  CUDA_CHECK(cudaDeviceCanAccessPeer(&b, 1, 0));
-  if (!a || !b) return "GPUs 0 and 1 cannot access each other peer-to-peer";
-  return "";
-}
-
 #define SKIP_WITHOUT_TWO_PEER_GPUS()            \
   do {                                          \
-    const std::string why_ = two_gpu_reason();  \
+    const std::string why_ = peer_gpus_unavailable_reason(2);  \
     if (!why_.empty()) GTEST_SKIP() << why_;    \
   } while (0)
 
@@ -49,32 +38,10 @@ uint64_t fresh_seed(const char* what) {
   return seed;
 }
 
-// Runs fn(group, rank) on `tp` threads, thread r on GPU r; returns what each
-// threw.
-std::vector<std::string> on_gpus(int tp, const std::function<void(sd::Group&, int)>& fn) {
-  auto shared = sd::InProcessGroup::make_shared(tp, std::chrono::seconds(60));
-  std::mutex mu;
-  std::vector<std::string> failures;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < tp; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        CUDA_CHECK(cudaSetDevice(r));
-        sd::InProcessGroup group(shared, r);
-        fn(group, r);
-      } catch (const std::exception& e) {
-        std::lock_guard<std::mutex> lock(mu);
-        failures.push_back("rank " + std::to_string(r) + ": " + e.what());
-      }
-    });
-  for (auto& t : threads) t.join();
-  return failures;
-}
-
 TEST(Mailbox, OneRankPublishesToItself) {
   SKIP_WITHOUT_GPU(1);
   const uint64_t seed = fresh_seed("mailbox tp1");
-  const auto failures = on_gpus(1, [&](sd::Group& g, int r) {
+  const auto failures = run_on_gpus(1, [&](sd::Group& g, int r) {
     for (int width : {8, 2048}) payloads_arrive_bit_for_bit(g, r, width, seed + width);
   });
   for (const auto& f : failures) ADD_FAILURE() << f;
@@ -82,7 +49,7 @@ TEST(Mailbox, OneRankPublishesToItself) {
 
 TEST(Mailbox, RefusesBadArgumentsBeforeLaunching) {
   SKIP_WITHOUT_GPU(1);
-  const auto failures = on_gpus(1, [&](sd::Group& g, int r) {
+  const auto failures = run_on_gpus(1, [&](sd::Group& g, int r) {
     EXPECT_THROW(sd::LamportMailbox(g, 2, 0, 16, 64, r), sd::InvalidArgument);  // tp != size
     EXPECT_THROW(sd::LamportMailbox(g, 1, 0, 16, 60, r), sd::InvalidArgument);  // width % 8
     EXPECT_THROW(sd::LamportMailbox(g, 1, 0, 0, 64, r), sd::InvalidArgument);
@@ -118,7 +85,7 @@ TEST(Mailbox, PayloadsArriveBitForBitOnTwoGpus) {
   SKIP_WITHOUT_TWO_PEER_GPUS();
   const uint64_t seed = fresh_seed("mailbox payloads");
   // P / tp and H / tp at tp 2, and small widths that leave CTAs part-full.
-  const auto failures = on_gpus(2, [&](sd::Group& g, int r) {
+  const auto failures = run_on_gpus(2, [&](sd::Group& g, int r) {
     for (int width : {2048, 4096, 8, 24, 1032}) payloads_arrive_bit_for_bit(g, r, width, seed + width);
   });
   for (const auto& f : failures) ADD_FAILURE() << f;
@@ -128,7 +95,7 @@ TEST(Mailbox, TenThousandCallsWithRandomRows) {
   SKIP_WITHOUT_TWO_PEER_GPUS();
   const uint64_t seed = fresh_seed("mailbox 10k calls");
   const auto failures =
-      on_gpus(2, [&](sd::Group& g, int r) { many_calls_random_rows(g, r, 512, 10000, seed); });
+      run_on_gpus(2, [&](sd::Group& g, int r) { many_calls_random_rows(g, r, 512, 10000, seed); });
   for (const auto& f : failures) ADD_FAILURE() << f;
 }
 
@@ -136,13 +103,13 @@ TEST(Mailbox, GraphOf16CallsReplayed1000Times) {
   SKIP_WITHOUT_TWO_PEER_GPUS();
   const uint64_t seed = fresh_seed("mailbox graph");
   const auto failures =
-      on_gpus(2, [&](sd::Group& g, int r) { graph_replays(g, r, 512, 16, 1000, seed); });
+      run_on_gpus(2, [&](sd::Group& g, int r) { graph_replays(g, r, 512, 16, 1000, seed); });
   for (const auto& f : failures) ADD_FAILURE() << f;
 }
 
 TEST(Mailbox, HundredCreateDestroyCyclesLeakNothing) {
   SKIP_WITHOUT_TWO_PEER_GPUS();
-  const auto failures = on_gpus(2, [&](sd::Group& g, int r) {
+  const auto failures = run_on_gpus(2, [&](sd::Group& g, int r) {
     auto cycle = [&](int i) {
       sd::LamportMailbox mb(g, 2, r, 16, 4096, r);
       if (i % 10 == 0) mb.warm_up(nullptr);  // and it works
@@ -171,7 +138,7 @@ TEST(Mailbox, ZzSkippedCallTimesOutInsteadOfHanging) {
   const double timeout_s = 0.5;
   std::string error;
   double waited_s = -1;
-  const auto failures = on_gpus(2, [&](sd::Group& g, int r) {
+  const auto failures = run_on_gpus(2, [&](sd::Group& g, int r) {
     sd::LamportMailbox::Options options;
     options.spin_timeout_s = timeout_s;
     sd::LamportMailbox mb(g, 2, r, 16, 256, r, options);

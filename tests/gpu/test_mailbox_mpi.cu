@@ -10,6 +10,7 @@
 
 #include "mailbox_test_bodies.h"
 #include "spark_decode/mpi_group.h"
+#include "unpooler_publish_bodies.h"
 
 namespace sd = spark_decode;
 using namespace sd::testing;
@@ -60,6 +61,26 @@ TEST(MailboxMpi, TenThousandCallsWithRandomRows) {
 
 TEST(MailboxMpi, GraphOf16CallsReplayed1000Times) {
   run_body([](sd::Group& g, int device) { graph_replays(g, device, 512, 16, 1000, g_seed); });
+}
+
+// The zero-copy Unpooler across processes (CUDA IPC), at this tp's shard.
+TEST(UnpoolerPublishMpi, ZeroCopyEqualsPlainRunPlusPublish) {
+  run_body([](sd::Group& g, int) {
+    publish_tests::zero_copy_equals_publish(g, sd::kMuseSpark.hidden / g.size(), sd::kMuseSpark.pooled, g_seed);
+  });
+}
+
+TEST(UnpoolerPublishMpi, TenThousandConsecutiveBoundaries) {
+  run_body([](sd::Group& g, int) {
+    publish_tests::consecutive_boundaries(g, sd::kMuseSpark.hidden / g.size(), sd::kMuseSpark.pooled, 10000, 500,
+                                          g_seed);
+  });
+}
+
+TEST(UnpoolerPublishMpi, GraphReplayEqualsEager) {
+  run_body([](sd::Group& g, int) {
+    publish_tests::graph_replay_equals_eager(g, sd::kMuseSpark.hidden / g.size(), sd::kMuseSpark.pooled, 200, g_seed);
+  });
 }
 
 }  // namespace

@@ -1,0 +1,259 @@
+// The zero-copy Unpooler's GPU test bodies, run by every rank of a group: in
+// one process (test_unpooler_publish.cu) and under `mpirun -np 2`
+// (test_mailbox_mpi.cu). A body throws std::runtime_error on the first
+// mismatch.
+//
+// The oracle is the mailbox's own publisher: a plain Unpooler run followed by
+// LamportMailbox::publish on a second mailbox with the same history must
+// leave the same bytes (data and stage words) as the zero-copy run; and what
+// the gather consumer returns must be every rank's y (exchanged over the
+// group on the host), -0.0 as +0.0.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "gpu_test_util.h"
+#include "spark_decode/bf16.h"
+#include "spark_decode/error.h"
+#include "spark_decode/mailbox.h"
+#include "spark_decode/model_shape.h"
+#include "spark_decode/unpooler.h"
+
+namespace spark_decode::testing::publish_tests {
+
+#define ZC_REQUIRE(cond, ...)                                                                      \
+  do {                                                                                             \
+    if (!(cond)) throw std::runtime_error(::spark_decode::detail::concat("rank ", rank, ": ", __VA_ARGS__)); \
+  } while (0)
+
+// One rank's unpooler shard and activations on its device.
+struct Rank {
+  int rank, tp, n, k;
+  GuardedBuffer w, x, out, gathered;
+  cudaStream_t stream;
+  Rank(Group& g, int n_, int k_, uint64_t seed)
+      : rank(g.rank()), tp(g.size()), n(n_), k(k_),
+        w(size_t(n_) * k_ * 2), x(size_t(kMuseSpark.max_batch) * k_ * 2),
+        out(size_t(kMuseSpark.max_batch) * n_ * 2), gathered(size_t(kMuseSpark.max_batch) * n_ * g.size() * 2) {
+    std::mt19937_64 gen(seed * 7919 + rank);
+    const auto hw = random_bf16(size_t(n) * k, Dist::outliers, 0, gen);
+    const auto hx = random_bf16(size_t(kMuseSpark.max_batch) * k, Dist::specials, 0, gen);
+    w.upload(hw.data(), hw.size() * 2);
+    x.upload(hx.data(), hx.size() * 2);
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  }
+  ~Rank() { cudaStreamDestroy(stream); }
+  TensorRef weight() const {
+    return TensorRef::contiguous(w.get(), DType::bf16, {n, k}, rank_device());
+  }
+  static int rank_device() {
+    int d = 0;
+    CUDA_CHECK(cudaGetDevice(&d));
+    return d;
+  }
+  std::vector<uint16_t> download(const GuardedBuffer& b, size_t elems) const {
+    std::vector<uint16_t> h(elems);
+    b.download(h.data(), elems * 2);
+    return h;
+  }
+};
+
+// Every rank's first m rows of y, as the gather must return them:
+// [m][tp * n], -0.0 as +0.0.
+inline std::vector<uint16_t> expected_rows(Group& g, const std::vector<uint16_t>& my_y, int m, int n) {
+  const auto all = g.all_gather(my_y.data(), size_t(m) * n * 2);
+  const int tp = g.size();
+  const auto* bits = reinterpret_cast<const uint16_t*>(all.data());
+  std::vector<uint16_t> rows(size_t(m) * n * tp);
+  for (int q = 0; q < tp; ++q)
+    for (int r = 0; r < m; ++r)
+      for (int c = 0; c < n; ++c) {
+        const uint16_t v = bits[(size_t(q) * m + r) * n + c];
+        rows[(size_t(r) * tp + q) * n + c] = v == kBf16NegativeZero ? 0 : v;
+      }
+  return rows;
+}
+
+// Zero-copy run vs plain run + the mailbox's own publish, every m in 1..16:
+// the same y, the same mailbox bytes and stage words after the publish, and
+// the same gathered rows, which are every rank's y.
+inline void zero_copy_equals_publish(Group& g, int n, int k, uint64_t seed) {
+  const int rank = g.rank(), tp = g.size(), dev = Rank::rank_device();
+  Rank r(g, n, k, seed);
+  LamportMailbox a(g, tp, rank, kMuseSpark.max_batch, n, dev), b(g, tp, rank, kMuseSpark.max_batch, n, dev);
+  Unpooler::Options zc;
+  zc.mailbox = &a;
+  Unpooler zero_copy(r.weight(), zc), plain(r.weight());
+  ZC_REQUIRE(zero_copy.max_m() == kMuseSpark.max_batch, "max_m ", zero_copy.max_m());
+  GuardedBuffer out_b(size_t(kMuseSpark.max_batch) * n * 2), gathered_b(size_t(kMuseSpark.max_batch) * n * tp * 2);
+  std::mt19937_64 order(seed);
+  std::vector<int> ms;
+  for (int m = 1; m <= kMuseSpark.max_batch; ++m) ms.push_back(m);
+  std::shuffle(ms.begin(), ms.end(), order);  // the same order on every rank
+  for (int m : ms) {
+    poison_bf16(r.out);
+    poison_bf16(out_b);
+    zero_copy.run(r.x.get(), r.out.get(), m, r.stream);
+    plain.run(r.x.get(), out_b.get(), m, r.stream);
+    b.publish(out_b.get(), m, r.stream);
+    a.synchronize(r.stream);
+    g.barrier();  // every rank has published into every copy
+    const auto y = r.download(r.out, size_t(m) * n);
+    ZC_REQUIRE(y == r.download(out_b, size_t(m) * n), "m ", m, ": y differs from the plain run");
+    std::vector<uint8_t> bytes_a(a.memory().bytes()), bytes_b(b.memory().bytes());
+    CUDA_CHECK(cudaMemcpy(bytes_a.data(), a.memory().local(), bytes_a.size(), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(bytes_b.data(), b.memory().local(), bytes_b.size(), cudaMemcpyDeviceToHost));
+    ZC_REQUIRE(bytes_a == bytes_b, "m ", m, ": mailbox bytes (data or stage words) differ from publish()'s");
+    g.barrier();  // nobody gathers (and clears) before every rank compared
+    poison_bf16(r.gathered);
+    poison_bf16(gathered_b);
+    a.gather(r.gathered.get(), m, r.stream);
+    b.gather(gathered_b.get(), m, r.stream);
+    a.synchronize(r.stream);
+    const auto rows = r.download(r.gathered, size_t(m) * n * tp);
+    ZC_REQUIRE(rows == r.download(gathered_b, size_t(m) * n * tp), "m ", m, ": gathered rows differ");
+    ZC_REQUIRE(rows == expected_rows(g, y, m, n), "m ", m, ": gathered rows are not every rank's y");
+    ZC_REQUIRE(r.out.check_guards().empty() && r.gathered.check_guards().empty(), "m ", m, ": guards");
+  }
+  a.barrier();
+  b.barrier();
+}
+
+// Boundary after boundary: zero-copy run, gather, ..., `calls` times with m
+// drawn per call (the same on every rank); checked every `check_every` calls.
+inline void consecutive_boundaries(Group& g, int n, int k, int calls, int check_every, uint64_t seed) {
+  const int rank = g.rank(), tp = g.size(), dev = Rank::rank_device();
+  Rank r(g, n, k, seed);
+  LamportMailbox mb(g, tp, rank, kMuseSpark.max_batch, n, dev);
+  Unpooler::Options zc;
+  zc.mailbox = &mb;
+  Unpooler u(r.weight(), zc);
+  std::mt19937_64 draw(seed);
+  std::uniform_int_distribution<int> pick(1, kMuseSpark.max_batch);
+  for (int call = 0; call < calls; ++call) {
+    const int m = pick(draw);
+    const bool check = call % check_every == check_every - 1 || call == calls - 1;
+    if (check) poison_bf16(r.gathered);
+    u.run(r.x.get(), r.out.get(), m, r.stream);
+    mb.gather(r.gathered.get(), m, r.stream);
+    if (!check) continue;
+    mb.synchronize(r.stream);
+    const auto y = r.download(r.out, size_t(m) * n);
+    ZC_REQUIRE(r.download(r.gathered, size_t(m) * n * tp) == expected_rows(g, y, m, n), "call ", call,
+               " m ", m, ": gathered rows are not every rank's y");
+  }
+  mb.barrier();
+}
+
+// The consuming boundary of ticket mode, as a draft boundary would run it:
+// before its consumer, ACTIVE = (ticket stage, rows of the call before);
+// after it, the ticket takes the stage the consumer advanced NEXT to.
+__global__ static void ticket_to_active(const int32_t* ticket, int32_t* state) {
+  state[1] = static_cast<int32_t>((static_cast<uint32_t>(ticket[0]) & 0xffff0000u) |
+                                  (static_cast<uint32_t>(state[0]) & 0xffffu));
+}
+__global__ static void advance_ticket(int32_t* ticket, const int32_t* state) {
+  ticket[0] = static_cast<int32_t>(static_cast<uint32_t>(state[0]) & 0xffff0000u);
+}
+
+// Ticket mode: the slot's stage comes from the ticket, and the Unpooler
+// writes no stage word (ACTIVE keeps a marker across run()).
+inline void ticket_mode(Group& g, int n, int k, int calls, int check_every, uint64_t seed) {
+  const int rank = g.rank(), tp = g.size(), dev = Rank::rank_device();
+  Rank r(g, n, k, seed);
+  LamportMailbox mb(g, tp, rank, kMuseSpark.max_batch, n, dev);
+  GuardedBuffer ticket(4, 256);
+  ticket.fill(0);  // stage 0
+  Unpooler::Options o;
+  o.mailbox = &mb;
+  o.ticket = TensorRef::contiguous(ticket.get(), DType::i32, {1}, dev);
+  Unpooler u(r.weight(), o);
+  std::mt19937_64 draw(seed);
+  std::uniform_int_distribution<int> pick(1, kMuseSpark.max_batch);
+  int32_t* const active = mb.stage_state() + 1;
+  for (int call = 0; call < calls; ++call) {
+    const int m = pick(draw);
+    const bool check = call % check_every == check_every - 1 || call == calls - 1;
+    const int32_t marker = 0x5a5a0000 | call;
+    if (check) {
+      poison_bf16(r.gathered);
+      CUDA_CHECK(cudaMemcpyAsync(active, &marker, 4, cudaMemcpyHostToDevice, r.stream));
+    }
+    u.run(r.x.get(), r.out.get(), m, r.stream);
+    if (check) {
+      int32_t seen = 0;
+      CUDA_CHECK(cudaMemcpyAsync(&seen, active, 4, cudaMemcpyDeviceToHost, r.stream));
+      mb.synchronize(r.stream);
+      ZC_REQUIRE(seen == marker, "call ", call, ": the ticket-mode Unpooler wrote the stage word");
+    }
+    ticket_to_active<<<1, 1, 0, r.stream>>>(static_cast<const int32_t*>(ticket.get()), mb.stage_state());
+    CUDA_CHECK(cudaGetLastError());
+    mb.gather(r.gathered.get(), m, r.stream);
+    advance_ticket<<<1, 1, 0, r.stream>>>(static_cast<int32_t*>(ticket.get()), mb.stage_state());
+    CUDA_CHECK(cudaGetLastError());
+    if (!check) continue;
+    mb.synchronize(r.stream);
+    const auto y = r.download(r.out, size_t(m) * n);
+    ZC_REQUIRE(r.download(r.gathered, size_t(m) * n * tp) == expected_rows(g, y, m, n), "call ", call,
+               " m ", m, ": gathered rows are not every rank's y");
+    ZC_REQUIRE(ticket.check_guards().empty(), "the ticket's guards changed");
+  }
+  mb.barrier();
+}
+
+// 16 boundaries (zero-copy run + gather, m drawn per call) captured in one
+// CUDA graph and replayed: every replay gathers what the eager run did, bit
+// for bit (the stage advances on the device).
+inline void graph_replay_equals_eager(Group& g, int n, int k, int replays, uint64_t seed) {
+  const int rank = g.rank(), tp = g.size(), dev = Rank::rank_device();
+  constexpr int kCalls = 16;
+  Rank r(g, n, k, seed);
+  LamportMailbox mb(g, tp, rank, kMuseSpark.max_batch, n, dev);
+  Unpooler::Options zc;
+  zc.mailbox = &mb;
+  Unpooler u(r.weight(), zc);
+  std::mt19937_64 draw(seed);
+  std::uniform_int_distribution<int> pick(1, kMuseSpark.max_batch);
+  int ms[kCalls];
+  for (int& m : ms) m = pick(draw);
+  const size_t per_call = size_t(kMuseSpark.max_batch) * n * tp;
+  GuardedBuffer rows(per_call * kCalls * 2);
+  auto enqueue = [&] {
+    for (int c = 0; c < kCalls; ++c) {
+      u.run(r.x.get(), r.out.get(), ms[c], r.stream);
+      mb.gather(static_cast<uint16_t*>(rows.get()) + per_call * c, ms[c], r.stream);
+    }
+  };
+  poison_bf16(rows);
+  enqueue();
+  mb.synchronize(r.stream);
+  const auto eager = r.download(rows, per_call * kCalls);
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CUDA_CHECK(cudaStreamBeginCapture(r.stream, cudaStreamCaptureModeThreadLocal));
+  enqueue();
+  CUDA_CHECK(cudaStreamEndCapture(r.stream, &graph));
+  CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  g.barrier();
+  for (int rep = 0; rep < replays; ++rep) {
+    const bool check = rep == 0 || rep == replays - 1;
+    if (check) poison_bf16(rows);
+    CUDA_CHECK(cudaGraphLaunch(exec, r.stream));
+    if (!check) continue;
+    mb.synchronize(r.stream);
+    ZC_REQUIRE(r.download(rows, per_call * kCalls) == eager, "replay ", rep, " differs from the eager run");
+  }
+  mb.synchronize(r.stream);
+  CUDA_CHECK(cudaGraphExecDestroy(exec));
+  CUDA_CHECK(cudaGraphDestroy(graph));
+  mb.barrier();
+}
+
+}  // namespace spark_decode::testing::publish_tests

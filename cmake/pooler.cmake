@@ -2,4 +2,7 @@
 # and to the benchmark library here.
 target_sources(spark_decode PRIVATE
   ${PROJECT_SOURCE_DIR}/src/reference/nvfp4.cpp
+  ${PROJECT_SOURCE_DIR}/src/expert_norm.cu
+  ${PROJECT_SOURCE_DIR}/src/pooler_gemm_table.cpp
+  ${PROJECT_SOURCE_DIR}/src/pooler_gemm.cu
 )

@@ -7,31 +7,15 @@
 #include <cmath>
 #include <cstring>
 
+#include "kernels/nvfp4/e2m1.h"
 #include "spark_decode/bf16.h"
 #include "spark_decode/error.h"
 #include "spark_decode/nvfp4.h"
 
 namespace spark_decode {
 
-uint8_t e2m1_rn_satfinite(float x) {
-  const uint32_t bits = float_to_bits(x);
-  const float a = std::fabs(x);
-  if (std::isnan(x)) return 0x7;  // CUDA: NaN -> +max
-  const uint8_t sign = static_cast<uint8_t>((bits >> 31) << 3);
-  // The representable magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 are codes 0..7;
-  // each threshold is the midpoint of two neighbours, exactly representable
-  // in float, and a value on it goes to the even code.
-  uint8_t code;
-  if (a <= 0.25f) code = 0;        // tie 0.25 -> 0 (even)
-  else if (a < 0.75f) code = 1;    // tie 0.75 -> 2
-  else if (a <= 1.25f) code = 2;   // tie 1.25 -> 2
-  else if (a < 1.75f) code = 3;    // tie 1.75 -> 4
-  else if (a <= 2.5f) code = 4;    // tie 2.5 -> 4
-  else if (a < 3.5f) code = 5;     // tie 3.5 -> 6
-  else if (a <= 5.0f) code = 6;    // tie 5 -> 6
-  else code = 7;                   // saturate (Inf included)
-  return static_cast<uint8_t>(code | sign);
-}
+// The very function the sm_90a kernels run (kernels/nvfp4/e2m1.h).
+uint8_t e2m1_rn_satfinite(float x) { return static_cast<uint8_t>(nvfp4_common::e2m1_code(x)); }
 
 float e2m1_to_float(uint8_t code) {
   static const float kMagnitude[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};

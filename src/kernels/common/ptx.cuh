@@ -174,7 +174,17 @@ __device__ __forceinline__ float max_f32(float a, float b) {
 }
 
 // Two floats to two E2M1 codes in one byte, round to nearest even,
-// saturating to +-6: `hi` in bits 4..7, `lo` in bits 0..3.
+// saturating to +-6: `hi` in bits 4..7, `lo` in bits 0..3. The instruction
+// exists only on the family-specific Blackwell targets (sm_100a and later,
+// as cuda_fp4.h tests it); elsewhere (sm_90a) kernels/nvfp4/e2m1.h
+// computes the same code in software (kernels/nvfp4/nvfp4.cuh chooses).
+#if defined(__CUDA_ARCH_FAMILY_SPECIFIC__) && __CUDA_ARCH_FAMILY_SPECIFIC__ >= 1000 && \
+    __CUDA_ARCH_FAMILY_SPECIFIC__ < 1300
+#define SPARK_PTX_HAS_CVT_E2M1 1
+#else
+#define SPARK_PTX_HAS_CVT_E2M1 0
+#endif
+#if SPARK_PTX_HAS_CVT_E2M1
 __device__ __forceinline__ uint32_t cvt_rn_satfinite_e2m1x2_f32(float hi, float lo) {
   uint32_t r;
   asm("{\n"
@@ -186,6 +196,7 @@ __device__ __forceinline__ uint32_t cvt_rn_satfinite_e2m1x2_f32(float hi, float 
       : "f"(hi), "f"(lo));
   return r;
 }
+#endif
 
 // Two floats to two E4M3 values (round to nearest even, saturating to
 // +-448, NaN to NaN): `hi` in bits 8..15, `lo` in bits 0..7.

@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "kernels/common/ptx.cuh"
+#include "kernels/nvfp4/e2m1.h"
 
 namespace spark_decode::kernels::nvfp4 {
 
@@ -28,11 +29,19 @@ __device__ __forceinline__ float fmax_f32(float a, float b) { return ptx::max_f3
 // Eight floats to eight E2M1 codes packed into a uint32: v0 in bits 0..3,
 // v1 in 4..7, ..., v7 in 28..31 (cvt.rn.satfinite.e2m1x2.f32 per pair, the
 // odd value in the high nibble).
+// On sm_90a, which lacks the instruction, e2m1.h computes the same codes
+// (checked against CUDA's own conversion for every float).
+__device__ __forceinline__ uint32_t cvt_e2m1x2_f32(float hi, float lo) {
+#if SPARK_PTX_HAS_CVT_E2M1
+  return ptx::cvt_rn_satfinite_e2m1x2_f32(hi, lo);
+#else
+  return nvfp4_common::e2m1_code(lo) | nvfp4_common::e2m1_code(hi) << 4;
+#endif
+}
 __device__ __forceinline__ uint32_t cvt_e2m1x8_f32(float v0, float v1, float v2, float v3, float v4,
                                                    float v5, float v6, float v7) {
-  return ptx::cvt_rn_satfinite_e2m1x2_f32(v1, v0) | ptx::cvt_rn_satfinite_e2m1x2_f32(v3, v2) << 8 |
-         ptx::cvt_rn_satfinite_e2m1x2_f32(v5, v4) << 16 |
-         ptx::cvt_rn_satfinite_e2m1x2_f32(v7, v6) << 24;
+  return cvt_e2m1x2_f32(v1, v0) | cvt_e2m1x2_f32(v3, v2) << 8 | cvt_e2m1x2_f32(v5, v4) << 16 |
+         cvt_e2m1x2_f32(v7, v6) << 24;
 }
 
 // Float to E4M3 (cvt.rn.satfinite.e4m3x2.f32 with a zero partner): the byte

@@ -1,0 +1,116 @@
+// spark_decode/pooler_gemm.h: the pooler GEMM of one TP rank,
+//
+//   out[m, N] = x[m, K] @ W[N, K]^T      BF16 in and out, FP32 accumulation
+//
+// W this rank's [P / tp, H] rows of the pooler weight (N = P / tp, K = H),
+// 1 <= m <= 16. Two engines, chosen per (tp, b) by a tactic table:
+//   skinny  our skinny GEMM (src/kernels/pooler/skinny_gemm.cuh) at a launch
+//           shape (block_size, outputs_per_block, k_unroll) (the seed's);
+//   mma     the Unpooler's split-K tensor-core engine (spark_decode::Unpooler
+//           used as a GEMM over this weight).
+// Both are bitwise reproducible and batch invariant for a fixed engine and
+// shape (SPEC §5); the two engines sum in different orders, so their results
+// differ in the last bits, and a row's result depends on which engine the
+// table picks for the batch size it runs at. The Pooler uses one engine per
+// b (see Pooler).
+//
+// Requirements (checked; InvalidArgument, nothing launched):
+//   W    BF16 [N, K] contiguous, 16-byte aligned, device memory of compute
+//        capability 9.0+ (RuntimeError below); N % outputs_per_block == 0
+//        and K % (8 block_size k_unroll) == 0 for a skinny shape; the
+//        Unpooler's own conditions for mma (Unpooler::unsupported);
+//   x    BF16 [m, K] contiguous 16-byte aligned on W's device;
+//   out  BF16 [m, N] contiguous 16-byte aligned on W's device, not
+//        overlapping x; m one of the batches prepared at construction.
+// W is read before griddepcontrol.wait (programmatic dependent launch), x
+// after. run() may not allocate, synchronise or prepare a kernel; it is
+// CUDA-graph capturable (one kernel).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "spark_decode/types.h"
+
+namespace spark_decode {
+
+class Unpooler;
+
+inline constexpr int kPoolerMaxBatch = 16;
+
+// Launch shape of the skinny GEMM: block_size threads per CTA over K,
+// outputs_per_block columns per CTA, k_unroll 16-byte weight vectors per
+// thread and output loaded together (one chunk).
+struct PoolerGemmShape {
+  int block_size = 256;
+  int outputs_per_block = 4;
+  int k_unroll = 4;
+  std::string to_string() const;
+  bool operator==(const PoolerGemmShape&) const = default;
+};
+
+enum class PoolerGemmEngine { skinny, mma };
+const char* engine_name(PoolerGemmEngine engine);
+
+struct PoolerGemmChoice {
+  PoolerGemmEngine engine = PoolerGemmEngine::skinny;
+  PoolerGemmShape shape;  // for skinny
+  std::string to_string() const;
+};
+
+// The skinny shapes with compiled kernels (each for row tiles 1, 2, 4, 8, 16).
+const std::vector<PoolerGemmShape>& pooler_gemm_shapes();
+// Why the skinny GEMM cannot run [n, k] at `shape` for m rows, or nullopt.
+std::optional<std::string> pooler_gemm_unsupported(int n, int k, int m, const PoolerGemmShape& shape);
+
+// The tactic table: for the model's shapes (N = P / tp, K = H) the entry of
+// (tp, b); for other shapes the first compiled skinny shape that supports
+// them, else mma.
+PoolerGemmChoice pooler_gemm_choice(int n, int k, int tp, int b);
+std::string format_pooler_gemm_table();
+
+class PoolerGemm {
+ public:
+  struct Options {
+    bool enable_pdl = true;
+    // The batch sizes run() accepts (default 1..16); their kernels are
+    // prepared at construction.
+    std::vector<int> batches;
+    // Every batch on this engine/shape instead of the table's choice.
+    std::optional<PoolerGemmChoice> force;
+  };
+
+  // weight: a view that must outlive the PoolerGemm; tp only keys the table.
+  PoolerGemm(const TensorRef& weight, int tp, Options options);
+  PoolerGemm(const TensorRef& weight, int tp) : PoolerGemm(weight, tp, Options{}) {}
+  ~PoolerGemm();
+  PoolerGemm(PoolerGemm&&) noexcept;
+  PoolerGemm& operator=(PoolerGemm&&) noexcept;
+
+  void run(const void* x, void* out, int m, cudaStream_t stream) const;
+  void run(const TensorRef& x, const TensorRef& out, cudaStream_t stream) const;
+
+  // The engine that serves batch m (m must be prepared).
+  PoolerGemmChoice choice(int m) const;
+  int n() const { return n_; }
+  int k() const { return k_; }
+  int device() const { return device_; }
+
+ private:
+  const void* weight_;
+  int n_ = 0, k_ = 0, device_ = -1;
+  bool enable_pdl_ = true;
+  std::vector<std::optional<PoolerGemmChoice>> choice_;  // by m - 1
+  std::unique_ptr<Unpooler> mma_;
+};
+
+// One launch of the skinny GEMM at `shape` (validated; for benchmarks and
+// tests that pick the shape themselves).
+void skinny_gemm(const PoolerGemmShape& shape, const void* w, const void* x, void* out, int n, int k,
+                 int m, cudaStream_t stream, bool enable_pdl = true);
+
+}  // namespace spark_decode

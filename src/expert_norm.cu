@@ -1,0 +1,122 @@
+// ExpertNorm and the stock NVFP4 quantize kernel: validation and launches.
+#include "cuda_utils.h"
+#include "kernels/common/launch.cuh"
+#include "kernels/norm/norm_kernels.cuh"
+#include "spark_decode/error.h"
+#include "spark_decode/expert_norm.h"
+#include "spark_decode/nvfp4.h"
+
+namespace spark_decode {
+namespace {
+
+bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+bool disjoint(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+  const char* x = static_cast<const char*>(a);
+  const char* y = static_cast<const char*>(b);
+  return x + a_bytes <= y || y + b_bytes <= x;
+}
+
+}  // namespace
+
+std::optional<std::string> ExpertNorm::cols_unsupported(int cols) {
+  const int threads = kernels::norm::threads_for(cols);
+  if (cols <= 0 || cols % (kernels::norm::kColsPerThread * 32) != 0 || threads > 1024)
+    return detail::concat("pre_expert_norm over ", cols, " columns: needs a multiple of ",
+                          kernels::norm::kColsPerThread * 32, " in [512, 16384] (one thread per ",
+                          kernels::norm::kColsPerThread, " columns, whole warps, at most 1024 threads)");
+  return std::nullopt;
+}
+
+ExpertNorm::ExpertNorm(const TensorRef& weight, float eps, float gain_center, bool enable_pdl)
+    : weight_(weight.data), cols_(0), device_(weight.device), eps_(eps), gain_center_(gain_center),
+      enable_pdl_(enable_pdl) {
+  SPARK_CHECK(weight.ndim == 1 && weight.dtype == DType::bf16 && weight.is_contiguous() &&
+                  weight.is_aligned(16) && weight.data != nullptr,
+              "pre_expert_norm weight ", weight.describe(), ": needs a contiguous 16-byte aligned BF16 [cols]");
+  SPARK_CHECK(weight.device >= 0, "pre_expert_norm weight ", weight.describe(), ": needs device memory");
+  cols_ = static_cast<int>(weight.shape[0]);
+  if (auto reason = cols_unsupported(cols_)) throw InvalidArgument(*reason);
+  SPARK_CHECK(eps >= 0.0f && eps == eps, "pre_expert_norm eps ", eps, " must be >= 0");
+  detail::require_sm90(device_, "pre_expert_norm");
+  detail::DeviceGuard guard(device_);
+  cudaFuncAttributes attrs;
+  CUDA_CHECK(cudaFuncGetAttributes(&attrs, kernels::expert_norm_kernel));  // load it now, not under capture
+}
+
+void ExpertNorm::run(const void* x, void* y, int rows, cudaStream_t stream) const {
+  SPARK_CHECK(rows >= 1 && rows <= 65535 * 1024, "pre_expert_norm: rows ", rows, " must be >= 1");
+  SPARK_CHECK(x != nullptr && y != nullptr && aligned(x, 16) && aligned(y, 16),
+              "pre_expert_norm: x and y must be non-null 16-byte aligned device pointers");
+  const size_t bytes = size_t(rows) * cols_ * 2;
+  SPARK_CHECK(disjoint(x, bytes, y, bytes), "pre_expert_norm: y may not overlap x");
+  detail::require_current_device(device_, "pre_expert_norm");
+  kernels::ExpertNormArgs args{static_cast<const __nv_bfloat16*>(x),
+                               static_cast<const __nv_bfloat16*>(weight_),
+                               static_cast<__nv_bfloat16*>(y), cols_, eps_, gain_center_};
+  kernels::LaunchShape shape;
+  shape.grid = dim3(rows);
+  shape.block = dim3(kernels::norm::threads_for(cols_));
+  shape.enable_pdl = enable_pdl_;
+  kernels::launch(kernels::expert_norm_kernel, shape, stream, args);
+}
+
+void ExpertNorm::run(const TensorRef& x, const TensorRef& y, cudaStream_t stream) const {
+  for (const TensorRef* t : {&x, &y})
+    SPARK_CHECK(t->ndim == 2 && t->shape[1] == cols_ && t->shape[0] >= 1 && t->dtype == DType::bf16 &&
+                    t->is_contiguous() && t->is_aligned(16) && t->device == device_,
+                "pre_expert_norm: ", t->describe(), " must be contiguous 16-byte aligned BF16 [rows, ", cols_,
+                "] on cuda:", device_);
+  SPARK_CHECK(x.shape[0] == y.shape[0], "pre_expert_norm: x ", x.describe(), " and y ", y.describe(),
+              " differ in rows");
+  run(x.data, y.data, static_cast<int>(x.shape[0]), stream);
+}
+
+void nvfp4_quantize(const void* y, const float* global_scale, void* a, void* a_sf, int rows, int cols,
+                    cudaStream_t stream, bool enable_pdl) {
+  SPARK_CHECK(rows >= 1 && rows <= 65535 && cols > 0 && cols % kNvfp4Block == 0, "nvfp4_quantize: [",
+              rows, ", ", cols, "] needs 1 <= rows <= 65535 and cols % ", kNvfp4Block, " == 0");
+  SPARK_CHECK(y && a && a_sf && global_scale && aligned(y, 16) && aligned(a, 16) && aligned(a_sf, 4) &&
+                  aligned(global_scale, 4),
+              "nvfp4_quantize: y and a must be 16-byte aligned, a_sf and global_scale 4-byte aligned, "
+              "all non-null device pointers");
+  const size_t y_bytes = size_t(rows) * cols * 2;
+  SPARK_CHECK(disjoint(y, y_bytes, a, y_bytes / 4) && disjoint(y, y_bytes, a_sf, y_bytes / 32) &&
+                  disjoint(a, y_bytes / 4, a_sf, y_bytes / 32),
+              "nvfp4_quantize: y, a and a_sf may not overlap");
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  detail::require_sm90(device, "nvfp4_quantize");
+  kernels::Nvfp4QuantizeArgs args{static_cast<const __nv_bfloat16*>(y), global_scale,
+                                  static_cast<uint8_t*>(a), static_cast<uint8_t*>(a_sf), cols};
+  constexpr int kThreads = 128;
+  kernels::LaunchShape shape;
+  shape.grid = dim3((cols / kNvfp4Block + kThreads - 1) / kThreads, rows);
+  shape.block = dim3(kThreads);
+  shape.enable_pdl = enable_pdl;
+  kernels::launch(kernels::nvfp4_quantize_kernel, shape, stream, args);
+}
+
+void nvfp4_quantize(const TensorRef& y, const TensorRef& global_scale, const TensorRef& a,
+                    const TensorRef& a_sf, cudaStream_t stream, bool enable_pdl) {
+  SPARK_CHECK(y.ndim == 2 && y.dtype == DType::bf16 && y.is_contiguous(), "nvfp4_quantize: y ",
+              y.describe(), " must be contiguous BF16 [rows, cols]");
+  const int64_t rows = y.shape[0], cols = y.shape[1];
+  SPARK_CHECK(global_scale.numel() == 1 && global_scale.dtype == DType::f32, "nvfp4_quantize: global_scale ",
+              global_scale.describe(), " must be one FP32 value");
+  SPARK_CHECK(a.ndim == 2 && a.shape[0] == rows && a.shape[1] * 2 == cols && a.dtype == DType::u8 &&
+                  a.is_contiguous(),
+              "nvfp4_quantize: a ", a.describe(), " must be contiguous u8 [", rows, ", ", cols / 2, "]");
+  SPARK_CHECK(a_sf.ndim == 2 && a_sf.shape[0] == rows && a_sf.shape[1] * kNvfp4Block == cols &&
+                  (a_sf.dtype == DType::u8 || a_sf.dtype == DType::e4m3) && a_sf.is_contiguous(),
+              "nvfp4_quantize: a_sf ", a_sf.describe(), " must be contiguous u8/e4m3 [", rows, ", ",
+              cols / kNvfp4Block, "]");
+  for (const TensorRef* t : {&global_scale, &a, &a_sf})
+    SPARK_CHECK(t->device == y.device && y.device >= 0, "nvfp4_quantize: ", t->describe(),
+                " is not on y's device (", y.describe(), ")");
+  detail::require_current_device(y.device, "nvfp4_quantize");
+  nvfp4_quantize(y.data, static_cast<const float*>(global_scale.data), a.data, a_sf.data,
+                 static_cast<int>(rows), static_cast<int>(cols), stream, enable_pdl);
+}
+
+}  // namespace spark_decode

@@ -1,0 +1,146 @@
+// The pooler GEMM: kernel selection, validation and launch of the skinny
+// GEMM, and the engine choice per batch (skinny or the Unpooler's MMA engine).
+#include "cuda_utils.h"
+#include "kernels/common/launch.cuh"
+#include "kernels/pooler/skinny_gemm.cuh"
+#include "spark_decode/error.h"
+#include "spark_decode/pooler_gemm.h"
+#include "spark_decode/unpooler.h"
+
+namespace spark_decode {
+namespace {
+
+using SkinnyFn = void (*)(kernels::PoolerGemmArgs);
+
+int row_tile(int m) { return m <= 1 ? 1 : m <= 2 ? 2 : m <= 4 ? 4 : m <= 8 ? 8 : 16; }
+
+template <int B, int O, int U>
+SkinnyFn pick_tile(int tile) {
+  switch (tile) {
+    case 1: return kernels::skinny_gemm_kernel<B, O, U, 1>;
+    case 2: return kernels::skinny_gemm_kernel<B, O, U, 2>;
+    case 4: return kernels::skinny_gemm_kernel<B, O, U, 4>;
+    case 8: return kernels::skinny_gemm_kernel<B, O, U, 8>;
+    default: return kernels::skinny_gemm_kernel<B, O, U, 16>;
+  }
+}
+
+// The compiled shapes: keep in step with pooler_gemm_shapes().
+SkinnyFn skinny_kernel(const PoolerGemmShape& s, int m) {
+  const int tile = row_tile(m);
+  if (s == PoolerGemmShape{256, 2, 4}) return pick_tile<256, 2, 4>(tile);
+  if (s == PoolerGemmShape{256, 4, 4}) return pick_tile<256, 4, 4>(tile);
+  if (s == PoolerGemmShape{512, 2, 2}) return pick_tile<512, 2, 2>(tile);
+  if (s == PoolerGemmShape{512, 4, 2}) return pick_tile<512, 4, 2>(tile);
+  return nullptr;
+}
+
+bool aligned16(const void* p) { return p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+void launch_skinny(const PoolerGemmShape& s, const void* w, const void* x, void* out, int n, int k, int m,
+                   cudaStream_t stream, bool enable_pdl) {
+  const kernels::PoolerGemmArgs args{static_cast<const __nv_bfloat16*>(w), static_cast<const __nv_bfloat16*>(x),
+                                     static_cast<__nv_bfloat16*>(out), n, k, m};
+  kernels::LaunchShape shape;
+  shape.grid = dim3(n / s.outputs_per_block);
+  shape.block = dim3(s.block_size);
+  shape.enable_pdl = enable_pdl;
+  kernels::launch(skinny_kernel(s, m), shape, stream, args);
+}
+
+void check_operands(const void* w, const void* x, void* out, int n, int k, int m) {
+  SPARK_CHECK(aligned16(w) && aligned16(x) && aligned16(out),
+              "pooler GEMM: W, x and out must be non-null 16-byte aligned device pointers");
+  const char* xb = static_cast<const char*>(x);
+  const char* ob = static_cast<const char*>(out);
+  SPARK_CHECK(ob + size_t(m) * n * 2 <= xb || xb + size_t(m) * k * 2 <= ob, "pooler GEMM: out may not overlap x");
+}
+
+}  // namespace
+
+void skinny_gemm(const PoolerGemmShape& shape, const void* w, const void* x, void* out, int n, int k, int m,
+                 cudaStream_t stream, bool enable_pdl) {
+  if (auto reason = pooler_gemm_unsupported(n, k, m, shape)) throw InvalidArgument(*reason);
+  check_operands(w, x, out, n, k, m);
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  detail::require_sm90(device, "the pooler GEMM");
+  launch_skinny(shape, w, x, out, n, k, m, stream, enable_pdl);
+}
+
+PoolerGemm::PoolerGemm(const TensorRef& weight, int tp, Options options)
+    : weight_(weight.data), device_(weight.device), enable_pdl_(options.enable_pdl) {
+  SPARK_CHECK(weight.ndim == 2 && weight.dtype == DType::bf16 && weight.is_contiguous() &&
+                  weight.is_aligned(16) && weight.data != nullptr,
+              "pooler GEMM weight ", weight.describe(), ": needs a contiguous 16-byte aligned BF16 [N, K]");
+  SPARK_CHECK(weight.device >= 0, "pooler GEMM weight ", weight.describe(), ": needs device memory");
+  SPARK_CHECK(weight.shape[0] <= (1 << 30) && weight.shape[1] <= (1 << 30), "pooler GEMM weight ",
+              weight.describe(), " too large");
+  n_ = static_cast<int>(weight.shape[0]);
+  k_ = static_cast<int>(weight.shape[1]);
+  std::vector<int> batches = options.batches;
+  if (batches.empty())
+    for (int b = 1; b <= kPoolerMaxBatch; ++b) batches.push_back(b);
+  choice_.assign(kPoolerMaxBatch, std::nullopt);
+  std::vector<int> mma_rows;
+  for (int b : batches) {
+    SPARK_CHECK(b >= 1 && b <= kPoolerMaxBatch, "pooler GEMM: batch ", b, " outside [1, ", kPoolerMaxBatch, "]");
+    const PoolerGemmChoice c = options.force ? *options.force : pooler_gemm_choice(n_, k_, tp, b);
+    if (c.engine == PoolerGemmEngine::skinny) {
+      if (auto reason = pooler_gemm_unsupported(n_, k_, b, c.shape)) throw InvalidArgument(*reason);
+    } else {
+      mma_rows.push_back(b);
+    }
+    choice_[b - 1] = c;
+  }
+  detail::require_sm90(device_, "the pooler GEMM");
+  detail::DeviceGuard guard(device_);
+  if (!mma_rows.empty()) {
+    Unpooler::Options uo;
+    uo.enable_pdl = enable_pdl_;
+    uo.rows = mma_rows;
+    if (auto reason = Unpooler::unsupported(weight)) throw InvalidArgument("pooler GEMM on the MMA engine: " + *reason);
+    mma_ = std::make_unique<Unpooler>(weight, uo);
+  }
+  // Load the skinny kernels now: never lazily under capture.
+  for (int b : batches)
+    if (choice_[b - 1]->engine == PoolerGemmEngine::skinny) {
+      cudaFuncAttributes attrs;
+      CUDA_CHECK(cudaFuncGetAttributes(&attrs, skinny_kernel(choice_[b - 1]->shape, b)));
+    }
+}
+
+PoolerGemm::~PoolerGemm() = default;
+PoolerGemm::PoolerGemm(PoolerGemm&&) noexcept = default;
+PoolerGemm& PoolerGemm::operator=(PoolerGemm&&) noexcept = default;
+
+PoolerGemmChoice PoolerGemm::choice(int m) const {
+  SPARK_CHECK(m >= 1 && m <= kPoolerMaxBatch && choice_[m - 1], "pooler GEMM: batch ", m,
+              " was not prepared at construction (Options::batches)");
+  return *choice_[m - 1];
+}
+
+void PoolerGemm::run(const void* x, void* out, int m, cudaStream_t stream) const {
+  const PoolerGemmChoice c = choice(m);
+  check_operands(weight_, x, out, n_, k_, m);
+  detail::require_current_device(device_, "the pooler GEMM");
+  if (c.engine == PoolerGemmEngine::mma)
+    mma_->run(x, out, m, stream);
+  else
+    launch_skinny(c.shape, weight_, x, out, n_, k_, m, stream, enable_pdl_);
+}
+
+void PoolerGemm::run(const TensorRef& x, const TensorRef& out, cudaStream_t stream) const {
+  const int m = x.ndim == 2 ? static_cast<int>(x.shape[0]) : 0;
+  SPARK_CHECK(x.ndim == 2 && x.shape[1] == k_ && x.dtype == DType::bf16 && x.is_contiguous() && x.is_aligned(16) &&
+                  x.device == device_,
+              "pooler GEMM: x ", x.describe(), " must be contiguous 16-byte aligned BF16 [m, ", k_, "] on cuda:",
+              device_);
+  SPARK_CHECK(out.ndim == 2 && out.shape[0] == m && out.shape[1] == n_ && out.dtype == DType::bf16 &&
+                  out.is_contiguous() && out.is_aligned(16) && out.device == device_,
+              "pooler GEMM: out ", out.describe(), " must be contiguous 16-byte aligned BF16 [", m, ", ", n_,
+              "] on cuda:", device_);
+  run(x.data, out.data, m, stream);
+}
+
+}  // namespace spark_decode

@@ -1,0 +1,124 @@
+// The pooler GEMM's launch-shape checks and tactic table (plain C++: they run
+// and are tested on machines without a GPU).
+#include <sstream>
+
+#include "spark_decode/error.h"
+#include "spark_decode/model_shape.h"
+#include "spark_decode/pooler_gemm.h"
+
+namespace spark_decode {
+
+std::string PoolerGemmShape::to_string() const {
+  std::ostringstream os;
+  os << "skinny(block_size=" << block_size << ", outputs_per_block=" << outputs_per_block
+     << ", k_unroll=" << k_unroll << ")";
+  return os.str();
+}
+
+const char* engine_name(PoolerGemmEngine engine) {
+  return engine == PoolerGemmEngine::skinny ? "skinny" : "mma";
+}
+
+std::string PoolerGemmChoice::to_string() const {
+  return engine == PoolerGemmEngine::skinny ? shape.to_string() : std::string("mma(Unpooler engine)");
+}
+
+const std::vector<PoolerGemmShape>& pooler_gemm_shapes() {
+  // Keep in step with the instantiations in src/pooler_gemm.cu. Each
+  // shape's k_unroll makes K = H = 8192 one chunk (8 * block_size *
+  // k_unroll), so a thread's whole weight slice is loaded before
+  // griddepcontrol.wait; outputs_per_block * 16 rows <= 64 accumulators.
+  static const std::vector<PoolerGemmShape> shapes = {
+      {256, 2, 4},
+      {256, 4, 4},
+      {512, 2, 2},
+      {512, 4, 2},
+  };
+  return shapes;
+}
+
+std::optional<std::string> pooler_gemm_unsupported(int n, int k, int m, const PoolerGemmShape& s) {
+  bool compiled = false;
+  for (const auto& c : pooler_gemm_shapes()) compiled |= c == s;
+  if (!compiled) {
+    std::ostringstream os;
+    os << s.to_string() << " has no compiled kernel (compiled:";
+    for (const auto& c : pooler_gemm_shapes()) os << " " << c.to_string();
+    os << ")";
+    return os.str();
+  }
+  if (m < 1 || m > kPoolerMaxBatch)
+    return detail::concat("pooler GEMM: m = ", m, " outside [1, ", kPoolerMaxBatch, "]");
+  if (n <= 0 || n % s.outputs_per_block)
+    return detail::concat("pooler GEMM: N = ", n, " is not a positive multiple of outputs_per_block ",
+                          s.outputs_per_block);
+  if (k <= 0 || k % (8 * s.block_size * s.k_unroll))
+    return detail::concat("pooler GEMM: K = ", k, " is not a positive multiple of 8 * block_size * k_unroll = ",
+                          8 * s.block_size * s.k_unroll);
+  if (n / s.outputs_per_block > 0x7fffffff / 2)
+    return detail::concat("pooler GEMM: N = ", n, " too large");
+  return std::nullopt;
+}
+
+namespace {
+
+PoolerGemmChoice skinny(int block_size, int opb, int k_unroll) {
+  PoolerGemmChoice c;
+  c.engine = PoolerGemmEngine::skinny;
+  c.shape = {block_size, opb, k_unroll};
+  return c;
+}
+
+PoolerGemmChoice mma() {
+  PoolerGemmChoice c;
+  c.engine = PoolerGemmEngine::mma;
+  return c;
+}
+
+// NOT MEASURED YET (written without a GPU): the skinny GEMM where the CUDA
+// cores' FMA rate cannot limit it (b <= 4: at b = 16 and N = 2048, 268 M FMAs
+// alone take ~9 us on an H200's CUDA cores), the tensor-core engine above.
+// Replace with `spark-decode tune pooler` figures.
+PoolerGemmChoice table_entry(int tp, int b) {
+  if (b <= 4) return tp >= 4 ? skinny(256, 2, 4) : skinny(256, 4, 4);
+  return mma();
+}
+
+}  // namespace
+
+PoolerGemmChoice pooler_gemm_choice(int n, int k, int tp, int b) {
+  if (k == kMuseSpark.hidden && tp >= 1 && n * tp == kMuseSpark.pooled) {
+    PoolerGemmChoice c = table_entry(tp, b);
+    if (c.engine == PoolerGemmEngine::mma || !pooler_gemm_unsupported(n, k, b, c.shape)) return c;
+  }
+  for (const auto& s : pooler_gemm_shapes())
+    if (!pooler_gemm_unsupported(n, k, b, s)) return skinny(s.block_size, s.outputs_per_block, s.k_unroll);
+  return mma();
+}
+
+std::string format_pooler_gemm_table() {
+  std::ostringstream os;
+  os << "pooler GEMM (N = P/tp, K = H; by tp and b; NOT MEASURED YET: run `spark-decode tune pooler`):\n";
+  for (int tp : kTensorParallelSizes) {
+    const int n = kMuseSpark.pooled / tp, k = kMuseSpark.hidden;
+    os << "  tp " << tp << " N=" << n << " K=" << k << ":";
+    std::string last;
+    int from = 1;
+    for (int b = 1; b <= kPoolerMaxBatch + 1; ++b) {
+      const std::string c = b <= kPoolerMaxBatch ? pooler_gemm_choice(n, k, tp, b).to_string() : "";
+      if (b == 1) {
+        last = c;
+        continue;
+      }
+      if (c != last) {
+        os << " b " << from << ".." << b - 1 << " -> " << last << ";";
+        from = b;
+        last = c;
+      }
+    }
+    os << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace spark_decode

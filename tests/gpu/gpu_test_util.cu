@@ -67,7 +67,8 @@ std::string peer_gpus_unavailable_reason(int n) {
   return "";
 }
 
-std::vector<std::string> run_on_gpus(int tp, const std::function<void(Group&, int)>& fn) {
+std::vector<std::string> run_on_gpus(int tp, const std::function<void(Group&, int)>& fn, int devices) {
+  if (devices <= 0) devices = tp;
   auto shared = InProcessGroup::make_shared(tp, std::chrono::seconds(60));
   std::mutex mu;
   std::vector<std::string> failures;
@@ -75,9 +76,9 @@ std::vector<std::string> run_on_gpus(int tp, const std::function<void(Group&, in
   for (int r = 0; r < tp; ++r)
     threads.emplace_back([&, r] {
       try {
-        CUDA_CHECK(cudaSetDevice(r));
+        CUDA_CHECK(cudaSetDevice(r % devices));
         InProcessGroup group(shared, r);
-        fn(group, r);
+        fn(group, r % devices);
       } catch (const std::exception& e) {
         std::lock_guard<std::mutex> lock(mu);
         failures.push_back("rank " + std::to_string(r) + ": " + e.what());

@@ -45,9 +45,11 @@ std::vector<uint16_t> random_bf16(size_t count, Dist dist, int scale_log2, std::
 // ("" when they can).
 std::string peer_gpus_unavailable_reason(int n);
 
-// Runs fn(group, rank) on `tp` threads, thread r on GPU r over one
-// InProcessGroup; returns what each rank threw (empty: all passed).
-std::vector<std::string> run_on_gpus(int tp, const std::function<void(Group&, int)>& fn);
+// Runs fn(group, device) on `tp` threads over one InProcessGroup, thread r on
+// GPU r % devices (devices = 0: tp GPUs, one rank each; fewer GPUs than
+// ranks shares them, which exercises tp 4 and 8 code paths on two GPUs);
+// returns what each rank threw (empty: all passed).
+std::vector<std::string> run_on_gpus(int tp, const std::function<void(Group&, int)>& fn, int devices = 0);
 
 // Device memory with `guard_bytes` of a known pattern on either side; the
 // caller checks the guards after the kernels ran.

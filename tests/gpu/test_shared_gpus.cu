@@ -1,0 +1,59 @@
+// tp 4 and tp 8 on two GPUs: several ranks share a GPU (ranks r and r + 2,
+// ... on GPU r % 2, one thread each, peers in one process). This exercises
+// every tp-4/8 code path of the mailbox and the zero-copy Unpooler (slot
+// arithmetic, stores into 4 or 8 copies, 4 or 8 sources per gathered row)
+// where no four- or eight-GPU machine is at hand. It measures nothing: two
+// ranks on one GPU share its bandwidth and SMs.
+#include <gtest/gtest.h>
+
+#include "mailbox_test_bodies.h"
+#include "unpooler_publish_bodies.h"
+
+namespace sd = spark_decode;
+using namespace sd::testing;
+
+namespace {
+
+constexpr int kGpus = 2;
+
+void expect_no_failures(const std::vector<std::string>& failures) {
+  for (const auto& f : failures) ADD_FAILURE() << f;
+}
+
+#define SKIP_WITHOUT_PEER_GPUS()                                   \
+  do {                                                             \
+    const std::string why_ = peer_gpus_unavailable_reason(kGpus);  \
+    if (!why_.empty()) GTEST_SKIP() << why_;                       \
+  } while (0)
+
+}  // namespace
+
+TEST(SharedGpus, MailboxAtTp4AndTp8) {
+  SKIP_WITHOUT_PEER_GPUS();
+  const uint64_t seed = rng()();
+  for (int tp : {4, 8}) {
+    const int width = sd::kMuseSpark.pooled / tp;
+    expect_no_failures(run_on_gpus(
+        tp,
+        [&](sd::Group& g, int device) {
+          mailbox_tests::payloads_arrive_bit_for_bit(g, device, width, seed + tp);
+          mailbox_tests::many_calls_random_rows(g, device, width, 2000, seed + tp);
+        },
+        kGpus));
+  }
+}
+
+TEST(SharedGpus, ZeroCopyUnpoolerAtTp4AndTp8) {
+  SKIP_WITHOUT_PEER_GPUS();
+  const uint64_t seed = rng()();
+  for (int tp : {4, 8}) {
+    const int n = sd::kMuseSpark.hidden / tp, k = sd::kMuseSpark.pooled;
+    expect_no_failures(run_on_gpus(
+        tp,
+        [&](sd::Group& g, int) {
+          publish_tests::zero_copy_equals_publish(g, n, k, seed + tp);
+          publish_tests::consecutive_boundaries(g, n, k, 1000, 250, seed + tp);
+        },
+        kGpus));
+  }
+}

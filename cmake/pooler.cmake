@@ -5,4 +5,6 @@ target_sources(spark_decode PRIVATE
   ${PROJECT_SOURCE_DIR}/src/expert_norm.cu
   ${PROJECT_SOURCE_DIR}/src/pooler_gemm_table.cpp
   ${PROJECT_SOURCE_DIR}/src/pooler_gemm.cu
+  ${PROJECT_SOURCE_DIR}/src/pooler_layer.cpp
+  ${PROJECT_SOURCE_DIR}/src/pooler.cu
 )

@@ -1,0 +1,179 @@
+// spark_decode/pooler.h: the pooler of the Muse Spark MoE layers (seed 001,
+// SPEC §2.3): the boundary before the routed experts.
+//
+// Per MoE layer and TP rank r of tp:
+//   project  shard[b, P/tp] = x[b, H] @ W[r P/tp : (r+1) P/tp, :]^T  (pooler GEMM)
+//   publish  rows [0, b) of shard into slot r of every rank's Lamport mailbox
+//   gather   every rank reads the tp blocks of the full rows [b, P] and makes
+//            NVFP4 layers:  a    uint8 [b, P/2]  (two E2M1 codes a byte, the
+//                                even column in the low nibble)
+//                           a_sf uint8 [b, P/16] (E4M3 block scales, linear)
+//                           = nvfp4(pre_expert_norm(rows), global_scale),
+//                           bit for bit what the stock all-gather +
+//                           ExpertNorm + nvfp4_quantize give;
+//            BF16 edge layers (no global scale): normed BF16 [b, P] =
+//                           the plain gather, then ExpertNorm: the stock
+//                           gather + norm bit for bit except the sign of
+//                           zero (publishers store BF16 -0.0 as +0.0, the
+//                           mailbox's sentinel being -0.0).
+//   run = project + publish + gather.
+// One mailbox serves every layer; every rank runs its calls in the same
+// order with the same b (see mailbox.h). Outputs are views of scratch that
+// the next call overwrites.
+//
+// Requirements (checked at construction; InvalidArgument, nothing launched):
+//   tp in {1, 2, 4, 8} == group.size(), rank == group.rank();
+//   1 <= every batch <= min(capacity, 16);
+//   every layer: weight BF16 [P/tp, H] contiguous 16-byte aligned on
+//   `device`, the same H for all; norm_weight BF16 [P] contiguous 16-byte
+//   aligned on `device`; P % 512 == 0, P <= 16384 (ExpertNorm), P/tp % 16 == 0
+//   (an NVFP4 block never straddles two ranks' blocks); global_scale, if
+//   any, FP32 [1] on `device`, 4-byte aligned; eps >= 0.
+//   Per call: x BF16 [b, H] contiguous 16-byte aligned on `device`, b one of
+//   `batches`; the device current on the calling thread.
+// Weights, norm weights and global scales are views (not copied) that must
+// outlive the Pooler; they are read before griddepcontrol.wait, so no grid
+// still running when a call is enqueued may write them.
+//
+// What project/publish/gather/run may not do: allocate, synchronise or
+// prepare a kernel. They are CUDA-graph capturable. Construction (collective
+// over `group`) and warm_up (collective) are not.
+// Destruction is not collective: call barrier() on every rank first.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "spark_decode/expert_norm.h"
+#include "spark_decode/group.h"
+#include "spark_decode/mailbox.h"
+#include "spark_decode/model_shape.h"
+#include "spark_decode/nvfp4.h"
+#include "spark_decode/pooler_gemm.h"
+#include "spark_decode/types.h"
+
+namespace spark_decode {
+
+// What the pooler reads from one MoE layer (views, no copies).
+struct PoolerLayer {
+  TensorRef weight;       // [P / tp, H] BF16: this rank's rows of pooler.weight
+  TensorRef norm_weight;  // [P] BF16 pre_expert_norm weight
+  float eps = 1e-5f;
+  float gain_center = 1.0f;
+  // [1] FP32 NVFP4 input global scale of the experts; nullopt for a BF16
+  // edge layer.
+  std::optional<TensorRef> global_scale;
+};
+
+// The parts of one stock MuseSpark MoE layer pooler_layer() reads (the C++
+// stand-in of the seed's module attributes).
+struct StockMoeLayer {
+  TensorRef pooler_weight;  // pooler.weight, [P, H]
+  struct Norm {
+    bool present = true;                          // pre_expert_norm is not None
+    bool has_weight = true;
+    std::optional<int> variance_size_override;    // must be unset
+    bool applies_weight_before_norm = false;      // must be false
+    TensorRef weight;                             // [P] BF16
+    float variance_epsilon = 1e-5f;
+    float fused_gain_center = 1.0f;
+  } pre_expert_norm;
+  std::optional<TensorRef> nvfp4_input_global_scale;  // experts.nvfp4_input_global_scale
+};
+
+// The pooler of one stock MoE layer, checked against what the fused path
+// assumes (the stock path's own conditions for its fused gather); throws
+// InvalidArgument with the seed's reasons:
+//   "pooler weight must be [P, H] BF16" (with the numbers),
+//   "pre_expert_norm must apply a [P] BF16 weight after the norm",
+//   "the NVFP4 input global scale must be one FP32 value".
+// The weight view is rows [rank P/tp, (rank + 1) P/tp) of pooler_weight.
+PoolerLayer pooler_layer(const StockMoeLayer& moe, int tp, int rank, const ModelShape& shape = kMuseSpark);
+
+// The fused gather + pre_expert_norm + NVFP4 consumer on its own (what
+// Pooler::gather runs for NVFP4 layers), over a mailbox of width P / tp:
+// a uint8 [b, P/2], a_sf uint8 [b, P/16] from the published blocks of the
+// current call. norm_weight BF16 [P] 16-byte aligned, global_scale FP32 [1]
+// 4-byte aligned, a 16-byte and a_sf 4-byte aligned device pointers of the
+// mailbox's device, 1 <= b <= capacity. One kernel, grid (b), P/16 threads;
+// capturable, allocates nothing.
+void gather_norm_nvfp4(LamportMailbox& mailbox, const void* norm_weight, const float* global_scale,
+                       float eps, float gain_center, void* a, void* a_sf, int b, cudaStream_t stream,
+                       bool enable_pdl = true);
+
+// What gather/run return: views of the Pooler's scratch.
+struct PoolerOutput {
+  bool nvfp4 = false;
+  TensorRef a;       // nvfp4: U8 [b, P/2]
+  TensorRef a_sf;    // nvfp4: E4M3 [b, P/16]
+  TensorRef normed;  // edge layer: BF16 [b, P]
+};
+
+struct PoolerOptions {
+  double spin_timeout_s = 5.0;      // the mailbox's
+  size_t mailbox_guard_bytes = 0;   // the mailbox's (tests)
+  // Every layer's GEMM on this engine instead of the table's (tune, tests).
+  std::optional<PoolerGemmChoice> gemm;
+};
+
+class Pooler {
+ public:
+  using Options = PoolerOptions;
+
+  Pooler(Group& group, int tp, int rank, int device, std::vector<PoolerLayer> layers,
+         std::vector<int> batches = {8}, int capacity = kMuseSpark.max_batch, bool enable_pdl = true,
+         Options options = Options{});
+  ~Pooler();
+  Pooler(const Pooler&) = delete;
+  Pooler& operator=(const Pooler&) = delete;
+
+  // The pooler GEMM: this rank's [b, P/tp] columns into scratch (returned).
+  TensorRef project(int layer, const void* x, int b, cudaStream_t stream);
+  TensorRef project(int layer, const TensorRef& x, cudaStream_t stream);
+  // Publish the first b rows of the projected block.
+  void publish(int b, cudaStream_t stream);
+  // Consume the published blocks: (a, a_sf) for an NVFP4 layer, the normed
+  // BF16 rows for an edge layer.
+  PoolerOutput gather(int layer, int b, cudaStream_t stream);
+  // x BF16 [b, H] (the pre_ffn_norm output) -> the expert input.
+  PoolerOutput run(int layer, const void* x, int b, cudaStream_t stream);
+  PoolerOutput run(int layer, const TensorRef& x, cudaStream_t stream);
+  // One call of each form per batch on zero rows, before capture; every rank
+  // alike (collective; allocates and frees a zero input; synchronises).
+  void warm_up(cudaStream_t stream);
+  // Collective: this device synchronised, then the group.
+  void barrier() { mailbox_->barrier(); }
+
+  int tp() const { return tp_; }
+  int rank() const { return rank_; }
+  int hidden() const { return hidden_; }
+  int pooled() const { return pooled_; }
+  int shard_width() const { return pooled_ / tp_; }
+  int capacity() const { return capacity_; }
+  int device() const { return device_; }
+  int layers() const { return static_cast<int>(layers_.size()); }
+  const std::vector<int>& batches() const { return batches_; }
+  bool is_nvfp4(int layer) const { return layers_.at(layer).global_scale.has_value(); }
+  PoolerGemmChoice gemm_choice(int layer, int b) const { return gemms_.at(layer).choice(b); }
+  LamportMailbox& mailbox() { return *mailbox_; }
+
+ private:
+  void check_call(int layer, int b, const char* what) const;
+
+  Group* group_;
+  int tp_, rank_, device_, capacity_, hidden_ = 0, pooled_ = 0;
+  bool enable_pdl_;
+  std::vector<PoolerLayer> layers_;
+  std::vector<int> batches_;
+  std::unique_ptr<LamportMailbox> mailbox_;
+  std::vector<PoolerGemm> gemms_;
+  std::vector<std::unique_ptr<ExpertNorm>> edge_norms_;  // by layer; null for NVFP4 layers
+  void* scratch_ = nullptr;
+  void *shard_ = nullptr, *packed_ = nullptr, *scales_ = nullptr, *rows_ = nullptr, *normed_ = nullptr;
+};
+
+}  // namespace spark_decode

@@ -1,0 +1,75 @@
+// The Pooler's fused consumer: gather + pre_expert_norm + NVFP4 over the
+// Lamport mailbox (SPEC §5). The mailbox steps (read ACTIVE, advance, poll,
+// clear) are mailbox_device.cuh's, the norm is norm/rms.cuh's and the
+// quantizer nvfp4/nvfp4.cuh's: this kernel only wires them together, so its
+// bytes equal the stock gather + ExpertNorm + nvfp4_quantize by
+// construction (and the GPU tests check it).
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "kernels/mailbox/mailbox_device.cuh"
+#include "kernels/norm/rms.cuh"
+#include "kernels/nvfp4/nvfp4.cuh"
+
+namespace spark_decode::kernels {
+
+struct NormQuantGatherArgs {
+  uint16_t* local;              // this rank's mailbox copy [3][tp][capacity][width]
+  int32_t* state;               // this rank's stage state
+  const __nv_bfloat16* weight;  // [tp * width] norm weight
+  const float* global_scale;    // [1]
+  uint8_t* a;                   // [b, tp * width / 2]
+  uint8_t* a_sf;                // [b, tp * width / 16]
+  mailbox::Layout layout;
+  int b;
+  float eps, gain_center;
+  mailbox_dev::SpinLimit spin;
+};
+
+// Grid (b), block tp * width / 16: thread t of CTA i owns columns
+// [16t, 16t + 16) of row i, which lie in one source's block (width % 16 ==
+// 0): it polls their two vectors, clears the same columns of the previous
+// call's rows i, i + b, ..., joins the row's mean(x^2), normalises and
+// quantizes its NVFP4 block.
+__global__ void norm_quant_gather_kernel(const NormQuantGatherArgs a) {
+  __shared__ float warp_sums[norm::kMaxWarps];
+  const int t = threadIdx.x, row = blockIdx.x;
+  const int cols = a.layout.tp * a.layout.width;
+  const int source = 16 * t / a.layout.width, col = 16 * t % a.layout.width;
+  // Model parameters no grid writes: read before the wait.
+  float w[16];
+  nvfp4::bf16x8_to_float(ptx::ld_v4(a.weight + 16 * t), w);
+  nvfp4::bf16x8_to_float(ptx::ld_v4(a.weight + 16 * t + 8), w + 8);
+  const float global_scale = *a.global_scale;
+
+  // ACTIVE comes from this call's publisher.
+  ptx::griddep_wait();
+  ptx::griddep_launch_dependents();
+  const uint32_t active = mailbox_dev::read_active(a.state);
+  if (t == 0) mailbox_dev::advance(a.state, active, a.b);
+  const int stage = mailbox::word_stage(active);
+
+  const uint4 v0 = mailbox_dev::poll_vec(a.local + a.layout.offset(stage, source, row, col), a.spin, stage,
+                                         source, row);
+  const uint4 v1 = mailbox_dev::poll_vec(a.local + a.layout.offset(stage, source, row, col + 8), a.spin,
+                                         stage, source, row);
+  const int cleared = mailbox::clear_stage(stage), rows_prev = mailbox::word_rows(active);
+  mailbox_dev::clear_rows(a.local, a.layout, cleared, source, col, row, gridDim.x, rows_prev);
+  mailbox_dev::clear_rows(a.local, a.layout, cleared, source, col + 8, row, gridDim.x, rows_prev);
+
+  float x[16], y[16];
+  nvfp4::bf16x8_to_float(v0, x);
+  nvfp4::bf16x8_to_float(v1, x + 8);
+  const float inv = norm::inv_rms(x, cols, a.eps, warp_sums);
+  uint4 normed[2];
+  norm::normalize(x, w, inv, a.gain_center, y, normed);
+  uint32_t packed[2];
+  const uint32_t sf = nvfp4::quantize_block(y, global_scale, packed);
+  *reinterpret_cast<uint2*>(a.a + int64_t(row) * (cols / 2) + 8 * t) = make_uint2(packed[0], packed[1]);
+  a.a_sf[int64_t(row) * (cols / 16) + t] = static_cast<uint8_t>(sf);
+}
+
+}  // namespace spark_decode::kernels

@@ -1,0 +1,249 @@
+// The Pooler: construction (collective), the fused consumer's launch, and
+// project / publish / gather / run / warm_up.
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "cuda_utils.h"
+#include "kernels/common/launch.cuh"
+#include "kernels/pooler/norm_quant_kernel.cuh"
+#include "spark_decode/error.h"
+#include "spark_decode/pooler.h"
+
+namespace spark_decode {
+namespace {
+
+bool aligned(const void* p, int bytes) { return p != nullptr && reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+}  // namespace
+
+void gather_norm_nvfp4(LamportMailbox& mb, const void* norm_weight, const float* global_scale, float eps,
+                       float gain_center, void* a, void* a_sf, int b, cudaStream_t stream, bool enable_pdl) {
+  const int cols = mb.tp() * mb.width();
+  SPARK_CHECK(b >= 1 && b <= mb.capacity(), "gather_norm_nvfp4: b = ", b, " outside [1, ", mb.capacity(),
+              "] (the mailbox capacity)");
+  SPARK_CHECK(mb.width() % kNvfp4Block == 0, "gather_norm_nvfp4: mailbox width ", mb.width(),
+              " must be a multiple of ", kNvfp4Block, " (an NVFP4 block may not straddle two ranks)");
+  if (auto reason = ExpertNorm::cols_unsupported(cols)) throw InvalidArgument("gather_norm_nvfp4: " + *reason);
+  SPARK_CHECK(aligned(norm_weight, 16) && aligned(global_scale, 4) && aligned(a, 16) && aligned(a_sf, 4),
+              "gather_norm_nvfp4: norm_weight and a must be 16-byte aligned, global_scale and a_sf 4-byte "
+              "aligned, all non-null device pointers");
+  SPARK_CHECK(eps >= 0.0f, "gather_norm_nvfp4: eps ", eps, " must be >= 0");
+  {
+    const char* base = static_cast<const char*>(mb.memory().local());
+    const size_t mbytes = mb.memory().bytes();
+    for (const auto& [p, bytes] : {std::pair<const void*, size_t>{a, size_t(b) * cols / 2},
+                                   std::pair<const void*, size_t>{a_sf, size_t(b) * cols / 16}}) {
+      const char* o = static_cast<const char*>(p);
+      SPARK_CHECK(o + bytes <= base || base + mbytes <= o, "gather_norm_nvfp4: outputs may not overlap the mailbox");
+    }
+  }
+  detail::require_current_device(mb.device(), "gather_norm_nvfp4");
+  kernels::NormQuantGatherArgs args{};
+  args.local = static_cast<uint16_t*>(mb.local());
+  args.state = mb.stage_state();
+  args.weight = static_cast<const __nv_bfloat16*>(norm_weight);
+  args.global_scale = global_scale;
+  args.a = static_cast<uint8_t*>(a);
+  args.a_sf = static_cast<uint8_t*>(a_sf);
+  args.layout = mailbox::Layout{mb.tp(), mb.capacity(), mb.width()};
+  args.b = b;
+  args.eps = eps;
+  args.gain_center = gain_center;
+  args.spin = kernels::mailbox_dev::SpinLimit{mb.spin_timeout_ns(), mb.timeout_record(), mb.rank()};
+  kernels::LaunchShape shape;
+  shape.grid = dim3(b);
+  shape.block = dim3(kernels::norm::threads_for(cols));
+  shape.enable_pdl = enable_pdl;
+  kernels::launch(kernels::norm_quant_gather_kernel, shape, stream, args);
+}
+
+Pooler::Pooler(Group& group, int tp, int rank, int device, std::vector<PoolerLayer> layers,
+               std::vector<int> batches, int capacity, bool enable_pdl, Options options)
+    : group_(&group), tp_(tp), rank_(rank), device_(device), capacity_(capacity), enable_pdl_(enable_pdl),
+      layers_(std::move(layers)) {
+  SPARK_CHECK(!batches.empty(), "batches must lie in [1, ", capacity, "]");
+  const auto [lo, hi] = std::minmax_element(batches.begin(), batches.end());
+  SPARK_CHECK(1 <= *lo && *hi <= capacity && *hi <= kPoolerMaxBatch, "batches must lie in [1, ",
+              std::min(capacity, kPoolerMaxBatch), "]");
+  SPARK_CHECK(std::find(std::begin(kTensorParallelSizes), std::end(kTensorParallelSizes), tp) !=
+                  std::end(kTensorParallelSizes),
+              "no pooler GEMM shape for TP", tp);
+  SPARK_CHECK(!layers_.empty(), "the pooler needs at least one layer");
+  hidden_ = layers_[0].weight.ndim == 2 ? static_cast<int>(layers_[0].weight.shape[1]) : 0;
+  pooled_ = layers_[0].norm_weight.ndim == 1 ? static_cast<int>(layers_[0].norm_weight.shape[0]) : 0;
+  SPARK_CHECK(pooled_ > 0 && pooled_ % tp == 0 && (pooled_ / tp) % kNvfp4Block == 0, "pooler: P = ", pooled_,
+              " (the norm weight's length) must split into tp = ", tp, " blocks of a multiple of ", kNvfp4Block,
+              " columns");
+  if (auto reason = ExpertNorm::cols_unsupported(pooled_)) throw InvalidArgument("pooler: " + *reason);
+  const int shard = pooled_ / tp;
+  for (const auto& layer : layers_) {
+    const TensorRef& w = layer.weight;
+    SPARK_CHECK(w.ndim == 2 && w.shape[0] == shard && w.shape[1] == hidden_ && w.dtype == DType::bf16 &&
+                    w.is_contiguous() && w.is_aligned(16) && w.device == device,
+                "layer weights must be contiguous [", shard, ", ", hidden_, "] (BF16, 16-byte aligned, on cuda:",
+                device, "; got ", w.describe(), ")");
+    const TensorRef& nw = layer.norm_weight;
+    SPARK_CHECK(nw.ndim == 1 && nw.shape[0] == pooled_ && nw.dtype == DType::bf16 && nw.is_contiguous() &&
+                    nw.is_aligned(16) && nw.device == device,
+                "pre_expert_norm must apply a [P] BF16 weight after the norm (need contiguous 16-byte aligned [",
+                pooled_, "] BF16 on cuda:", device, ", got ", nw.describe(), ")");
+    SPARK_CHECK(layer.eps >= 0.0f, "pre_expert_norm eps ", layer.eps, " must be >= 0");
+    if (layer.global_scale) {
+      const TensorRef& gs = *layer.global_scale;
+      SPARK_CHECK(gs.numel() == 1 && gs.dtype == DType::f32 && gs.is_aligned(4) && gs.device == device,
+                  "the NVFP4 input global scale must be one FP32 value (4-byte aligned, on cuda:", device,
+                  "; got ", gs.describe(), ")");
+    }
+  }
+  std::set<int> unique(batches.begin(), batches.end());
+  batches_.assign(unique.begin(), unique.end());
+  detail::require_sm90(device, "the pooler");
+  detail::DeviceGuard guard(device);
+
+  LamportMailbox::Options mo;
+  mo.spin_timeout_s = options.spin_timeout_s;
+  mo.guard_bytes = options.mailbox_guard_bytes;
+  // Collective: returns once every rank's copy is initialised.
+  mailbox_ = std::make_unique<LamportMailbox>(group, tp, rank, capacity, shard, device, mo);
+
+  PoolerGemm::Options go;
+  go.enable_pdl = enable_pdl;
+  go.batches = batches_;
+  go.force = options.gemm;
+  gemms_.reserve(layers_.size());
+  for (const auto& layer : layers_) gemms_.emplace_back(layer.weight, tp, go);
+  for (const auto& layer : layers_)
+    edge_norms_.push_back(layer.global_scale ? nullptr
+                                             : std::make_unique<ExpertNorm>(layer.norm_weight, layer.eps,
+                                                                            layer.gain_center, enable_pdl));
+  cudaFuncAttributes attrs;
+  CUDA_CHECK(cudaFuncGetAttributes(&attrs, kernels::norm_quant_gather_kernel));  // loaded now, not under capture
+
+  // Scratch, 256-byte aligned pieces of one allocation.
+  const size_t shard_bytes = round_up(size_t(capacity) * shard * 2, 256);
+  const size_t packed_bytes = round_up(size_t(capacity) * pooled_ / 2, 256);
+  const size_t scales_bytes = round_up(size_t(capacity) * pooled_ / kNvfp4Block, 256);
+  const size_t rows_bytes = round_up(size_t(capacity) * pooled_ * 2, 256);
+  CUDA_CHECK(cudaMalloc(&scratch_, shard_bytes + packed_bytes + scales_bytes + 2 * rows_bytes));
+  char* p = static_cast<char*>(scratch_);
+  shard_ = p;
+  packed_ = p + shard_bytes;
+  scales_ = p + shard_bytes + packed_bytes;
+  rows_ = p + shard_bytes + packed_bytes + scales_bytes;
+  normed_ = p + shard_bytes + packed_bytes + scales_bytes + rows_bytes;
+  CUDA_CHECK(cudaMemset(scratch_, 0, shard_bytes + packed_bytes + scales_bytes + 2 * rows_bytes));
+  CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+Pooler::~Pooler() {
+  if (scratch_) {
+    int previous = -1;
+    if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
+    cudaSetDevice(device_);
+    cudaFree(scratch_);
+    (void)cudaGetLastError();
+    if (previous >= 0 && previous != device_) cudaSetDevice(previous);
+  }
+}
+
+void Pooler::check_call(int layer, int b, const char* what) const {
+  SPARK_CHECK(layer >= 0 && layer < static_cast<int>(layers_.size()), "pooler ", what, ": layer ", layer,
+              " outside [0, ", layers_.size(), ")");
+  SPARK_CHECK(std::binary_search(batches_.begin(), batches_.end(), b), "pooler ", what, ": b = ", b,
+              " is not one of the batches given at construction");
+  detail::require_current_device(device_, "the pooler");
+}
+
+TensorRef Pooler::project(int layer, const void* x, int b, cudaStream_t stream) {
+  check_call(layer, b, "project");
+  gemms_[layer].run(x, shard_, b, stream);
+  return TensorRef::contiguous(shard_, DType::bf16, {b, shard_width()}, device_);
+}
+
+TensorRef Pooler::project(int layer, const TensorRef& x, cudaStream_t stream) {
+  const int b = x.ndim == 2 ? static_cast<int>(x.shape[0]) : 0;
+  SPARK_CHECK(x.ndim == 2 && x.shape[1] == hidden_ && x.dtype == DType::bf16 && x.is_contiguous() &&
+                  x.is_aligned(16) && x.device == device_,
+              "pooler: x ", x.describe(), " must be contiguous 16-byte aligned BF16 [b, ", hidden_, "] on cuda:",
+              device_);
+  return project(layer, x.data, b, stream);
+}
+
+void Pooler::publish(int b, cudaStream_t stream) {
+  SPARK_CHECK(std::binary_search(batches_.begin(), batches_.end(), b), "pooler publish: b = ", b,
+              " is not one of the batches given at construction");
+  LamportMailbox::PublishOptions po;
+  po.enable_pdl = enable_pdl_;
+  po.release_before_store = false;
+  mailbox_->publish(shard_, b, stream, po);
+}
+
+PoolerOutput Pooler::gather(int layer, int b, cudaStream_t stream) {
+  check_call(layer, b, "gather");
+  const PoolerLayer& spec = layers_[layer];
+  PoolerOutput out;
+  if (spec.global_scale) {
+    gather_norm_nvfp4(*mailbox_, spec.norm_weight.data, static_cast<const float*>(spec.global_scale->data),
+                      spec.eps, spec.gain_center, packed_, scales_, b, stream, enable_pdl_);
+    out.nvfp4 = true;
+    out.a = TensorRef::contiguous(packed_, DType::u8, {b, pooled_ / 2}, device_);
+    out.a_sf = TensorRef::contiguous(scales_, DType::e4m3, {b, pooled_ / kNvfp4Block}, device_);
+    return out;
+  }
+  LamportMailbox::GatherOptions go;
+  go.enable_pdl = enable_pdl_;
+  mailbox_->gather(rows_, b, stream, go);
+  // pre_expert_norm, into scratch.
+  edge_norms_[layer]->run(rows_, normed_, b, stream);
+  out.normed = TensorRef::contiguous(normed_, DType::bf16, {b, pooled_}, device_);
+  return out;
+}
+
+PoolerOutput Pooler::run(int layer, const void* x, int b, cudaStream_t stream) {
+  project(layer, x, b, stream);
+  publish(b, stream);
+  return gather(layer, b, stream);
+}
+
+PoolerOutput Pooler::run(int layer, const TensorRef& x, cudaStream_t stream) {
+  project(layer, x, stream);
+  const int b = static_cast<int>(x.shape[0]);
+  publish(b, stream);
+  return gather(layer, b, stream);
+}
+
+void Pooler::warm_up(cudaStream_t stream) {
+  SPARK_CHECK(!detail::is_capturing(stream), "pooler warm_up cannot run under CUDA graph capture");
+  detail::DeviceGuard guard(device_);
+  // No rank publishes before every rank has prepared its kernels: the
+  // gather's poll traps after the spin timeout, which a peer's setup could
+  // exceed.
+  group_->barrier();
+  // One layer per form: BF16 edge layers, and NVFP4 layers per (eps,
+  // gain_center) as the seed keys its compiled consumers.
+  std::map<std::pair<int, std::pair<float, float>>, int> forms;
+  for (int i = 0; i < static_cast<int>(layers_.size()); ++i) {
+    const auto& l = layers_[i];
+    const std::pair<int, std::pair<float, float>> key =
+        l.global_scale ? std::make_pair(1, std::make_pair(l.eps, l.gain_center))
+                       : std::make_pair(0, std::make_pair(0.0f, 0.0f));
+    forms.emplace(key, i);
+  }
+  void* x = nullptr;
+  CUDA_CHECK(cudaMalloc(&x, size_t(capacity_) * hidden_ * 2));
+  try {
+    CUDA_CHECK(cudaMemsetAsync(x, 0, size_t(capacity_) * hidden_ * 2, stream));
+    for (int b : batches_)
+      for (const auto& [key, index] : forms) run(index, x, b, stream);
+    mailbox_->synchronize(stream);
+  } catch (...) {
+    cudaFree(x);
+    throw;
+  }
+  CUDA_CHECK(cudaFree(x));
+}
+
+}  // namespace spark_decode

@@ -51,7 +51,7 @@ std::string bench_unpooler_publish(const UnpoolerBenchOptions& o, int tp) {
         const int copies = cold_copies(size_t{2} * n * k);
         DeviceMemory w(size_t{2} * n * k * copies), x(size_t{2} * kUnpoolerMaxM * k),
             out(size_t{2} * kUnpoolerMaxM * n), rows(size_t{2} * kUnpoolerMaxM * n * tp);
-        fill_random_bf16(w.get(), size_t{n} * k * copies, 0x77 + rank);
+        fill_random_bf16(w.get(), static_cast<size_t>(n) * k * copies, 0x77 + rank);
         fill_random_bf16(x.get(), size_t{kUnpoolerMaxM} * k, 0x99);
         CUDA_CHECK(cudaDeviceSynchronize());
         // One mailbox for the exchanges, one that only the zero-copy GEMM

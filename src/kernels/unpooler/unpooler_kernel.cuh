@@ -116,6 +116,23 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW))
   ptx::griddep_wait();
   ptx::griddep_launch_dependents();
 
+  // The zero-copy publish's stage, read now (after griddep_wait, like the
+  // mailbox's own publisher) so that its latency hides under the weight
+  // loads instead of adding to the CTA's tail. Only warp 0 of rank 0
+  // publishes (2m <= 32 threads). ACTIVE may be written this early: its
+  // reader, the consumer, runs in a later grid.
+  const UnpoolerPublish& pub = args.publish;
+  uint32_t stage = 0;
+  if (pub.mode != UnpoolerPublish::kNone && split == 0 && warp == 0) {
+    if (pub.mode == UnpoolerPublish::kStageWord) {
+      const uint32_t next = mailbox_dev::read_next(pub.state);
+      if (lane == 0) mailbox_dev::set_active(pub.state, next);
+      stage = mailbox::word_stage(next);
+    } else {
+      stage = mailbox::word_stage(ptx::ld_relaxed_sys_u32(reinterpret_cast<const uint32_t*>(pub.state)));
+    }
+  }
+
   float acc[ACCS][kNt][4];
 #pragma unroll
   for (int a = 0; a < ACCS; ++a)
@@ -198,7 +215,6 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW))
   __syncthreads();
 
   // Thread (token, half): 8 features of one token, one 16-byte vector.
-  const UnpoolerPublish& pub = args.publish;
   if (threadIdx.x >= 2 * args.m) return;
   const int token = threadIdx.x >> 1, col = feature0 + (threadIdx.x & 1) * 8;
   const uint4 y = *reinterpret_cast<const uint4*>(y_tile + threadIdx.x * 8);
@@ -206,17 +222,7 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW))
   if (pub.mode == UnpoolerPublish::kNone) return;
   // Zero-copy publish: exactly what the mailbox's own publisher stores (the
   // same vectors, -0.0 as +0.0, into this rank's slot of every copy at the
-  // stage NEXT names) and the same ACTIVE word; with a ticket the stage is
-  // the ticket's and no stage word is written. All reads of the state come
-  // after griddep_wait (mailbox_device.cuh, ordering 1).
-  uint32_t stage;
-  if (pub.mode == UnpoolerPublish::kStageWord) {
-    const uint32_t next = mailbox_dev::read_next(pub.state);
-    if (threadIdx.x == 0) mailbox_dev::set_active(pub.state, next);
-    stage = mailbox::word_stage(next);
-  } else {
-    stage = mailbox::word_stage(ptx::ld_relaxed_sys_u32(reinterpret_cast<const uint32_t*>(pub.state)));
-  }
+  // stage NEXT named; with a ticket, the ticket's stage).
   mailbox_dev::store_to_all(pub.copies, pub.layout.tp, pub.rank,
                             pub.layout.offset(stage, pub.rank, token, col), mailbox_dev::publish_vec(y));
 }

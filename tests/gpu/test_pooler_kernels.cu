@@ -1,0 +1,285 @@
+// The Pooler's kernels on one GPU: the stock NVFP4 quantize kernel against
+// the CPU reference (counting and bounding the rcp.approx differences),
+// ExpertNorm against an FP64 model, and the pooler GEMM (every compiled
+// skinny shape, the table, the MMA engine) against the FP64 GEMM reference,
+// bitwise reproducible and batch invariant; outputs poisoned, guards intact.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+
+#include "pooler_test_util.h"
+#include "spark_decode/expert_norm.h"
+#include "spark_decode/model_shape.h"
+#include "spark_decode/nvfp4.h"
+#include "spark_decode/pooler_gemm.h"
+
+namespace sd = spark_decode;
+using namespace sd::testing;
+using namespace sd::testing::pooler_tests;
+
+namespace {
+
+// Distance of |p| to the nearest E2M1 rounding threshold, relative to it.
+double e2m1_threshold_distance(float p) {
+  const double a = std::fabs(static_cast<double>(p));
+  double best = 1e300;
+  for (double t : {0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0}) best = std::min(best, std::fabs(a - t) / t);
+  return best;
+}
+
+// Distance of |v| to the nearest E4M3 rounding midpoint, relative to it.
+double e4m3_midpoint_distance(float v) {
+  const double a = std::fabs(static_cast<double>(v));
+  double best = 1e300;
+  for (int c = 0; c < 0x7e; ++c) {
+    const double lo = sd::e4m3_to_float(static_cast<uint8_t>(c)), hi = sd::e4m3_to_float(static_cast<uint8_t>(c + 1));
+    const double mid = (lo + hi) / 2;
+    best = std::min(best, std::fabs(a - mid) / mid);
+  }
+  return best;
+}
+
+}  // namespace
+
+TEST(PoolerNvfp4, GpuQuantizerEqualsCpuReferenceExceptRcpApprox) {
+  SKIP_WITHOUT_GPU(1);
+  const uint64_t seed = fresh_seed("nvfp4 gpu vs cpu");
+  const int rows = 8192, cols = sd::kMuseSpark.pooled;
+  // gs in FP32's normal range (rcp.approx.ftz flushes subnormals; no model
+  // uses one): typical (448 * 6 / amax), 1, and far from 1 both ways.
+  const float scales[] = {1.0f, 2688.0f / 7.3f, 0.0371f, 0x1p-20f, 0x1p24f};
+  const auto y = random_rows(rows, cols, seed);
+  DeviceBuffer dy(y.size() * 2), dgs(4);
+  dy.upload(y.data(), y.size() * 2);
+  GuardedBuffer da(size_t(rows) * cols / 2), dsf(size_t(rows) * cols / 16);
+  TestStream stream;
+  uint64_t codes = 0, code_diffs = 0, blocks = 0, sf_diffs = 0;
+  for (float gs : scales) {
+    dgs.upload(&gs, 4);
+    da.fill(0xcd);
+    dsf.fill(0xcd);
+    sd::nvfp4_quantize(dy.get(), dgs.as<float>(), da.get(), dsf.get(), rows, cols, stream);
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    ASSERT_EQ(da.check_guards() + dsf.check_guards(), "");
+    std::vector<uint8_t> a(size_t(rows) * cols / 2), sf(size_t(rows) * cols / 16);
+    da.download(a.data(), a.size());
+    dsf.download(sf.data(), sf.size());
+    std::vector<uint8_t> ra(a.size()), rsf(sf.size());
+    sd::reference::nvfp4_quantize(y.data(), rows, cols, gs, ra.data(), rsf.data());
+    for (size_t blk = 0; blk < sf.size(); ++blk) {
+      ++blocks;
+      float yb[16];
+      for (int i = 0; i < 16; ++i) yb[i] = sd::bf16_to_float(y[blk * 16 + i]);
+      float vmax = 0;
+      for (float v : yb) vmax = std::fmax(vmax, std::fabs(v));
+      if (sf[blk] != rsf[blk]) {
+        // Only rcp.approx(6) against the exact 1/6 can move sf: the scale
+        // must lie at an E4M3 midpoint to within a few ulps, and the two
+        // bytes must be neighbours.
+        ++sf_diffs;
+        const float sf_value = gs * (vmax * (1.0f / 6.0f));
+        ASSERT_EQ(std::abs(int(sf[blk]) - int(rsf[blk])), 1) << "gs " << gs << " block " << blk;
+        ASSERT_LE(e4m3_midpoint_distance(sf_value), 0x1p-20) << "gs " << gs << " block " << blk;
+        continue;  // its codes use another scale
+      }
+      const float sff = sd::e4m3_to_float(rsf[blk]);
+      const float os = sff == 0.0f ? 0.0f : 1.0f / (sff * (1.0f / gs));
+      for (int i = 0; i < 16; ++i) {
+        ++codes;
+        const uint8_t g = (a[blk * 8 + i / 2] >> (4 * (i & 1))) & 0xf;
+        const uint8_t r = (ra[blk * 8 + i / 2] >> (4 * (i & 1))) & 0xf;
+        if (g == r) continue;
+        // rcp.approx's error moves y * out_scale by a few ulps: a code may
+        // differ only to its neighbour, only for a product that lies within
+        // 2^-20 (relative) of a rounding threshold.
+        ++code_diffs;
+        const float p = yb[i] * os;
+        ASSERT_EQ(g & 8, r & 8) << "sign, gs " << gs << " block " << blk << " i " << i;
+        ASSERT_EQ(std::abs(int(g & 7) - int(r & 7)), 1) << "gs " << gs << " block " << blk << " i " << i;
+        ASSERT_LE(e2m1_threshold_distance(p), 0x1p-20) << "gs " << gs << " block " << blk << " i " << i << " p " << p;
+      }
+    }
+  }
+  std::printf("GPU vs CPU reference: %llu of %llu scale bytes and %llu of %llu codes differ (rcp.approx vs exact "
+              "division), each at a rounding boundary\n",
+              (unsigned long long)sf_diffs, (unsigned long long)blocks, (unsigned long long)code_diffs,
+              (unsigned long long)codes);
+  // Boundaries are rare in random data: a difference rate above 1e-4 would
+  // mean something other than the reciprocal differs.
+  EXPECT_LE(code_diffs, codes / 10000);
+  EXPECT_LE(sf_diffs, blocks / 10000);
+}
+
+TEST(PoolerNvfp4, RefusesBadArguments) {
+  SKIP_WITHOUT_GPU(1);
+  DeviceBuffer y(64 * 2), a(64), sf(16), gs(4);
+  EXPECT_THROW(sd::nvfp4_quantize(y.get(), gs.as<float>(), a.get(), sf.get(), 1, 40, nullptr), sd::InvalidArgument);
+  EXPECT_THROW(sd::nvfp4_quantize(y.get(), gs.as<float>(), a.get(), sf.get(), 0, 64, nullptr), sd::InvalidArgument);
+  EXPECT_THROW(sd::nvfp4_quantize(y.as<char>() + 2, gs.as<float>(), a.get(), sf.get(), 1, 32, nullptr),
+               sd::InvalidArgument);
+  EXPECT_THROW(sd::nvfp4_quantize(y.get(), gs.as<float>(), y.get(), sf.get(), 1, 64, nullptr), sd::InvalidArgument);
+}
+
+TEST(PoolerExpertNorm, MatchesFp64ModelWithinOneBf16Ulp) {
+  SKIP_WITHOUT_GPU(1);
+  const uint64_t seed = fresh_seed("expert norm");
+  std::mt19937_64 g(seed);
+  for (int cols : {512, sd::kMuseSpark.pooled}) {
+    const int rows = 777;
+    std::vector<uint16_t> x(size_t(rows) * cols);
+    // Finite-mean distributions (huge rows overflow mean(x^2) in FP32 by
+    // design; the bit-exactness tests cover them).
+    const RowDist dists[] = {RowDist::normal, RowDist::heavy_tailed, RowDist::zero_blocks, RowDist::negative_zeros,
+                             RowDist::subnormals, RowDist::tiny};
+    for (int r = 0; r < rows; ++r) random_row(x.data() + size_t(r) * cols, cols, dists[r % 6], g);
+    const auto w = normal_bf16(cols, seed + cols, 0.2f);
+    const float eps = 1e-5f, gc = 1.0f;
+    DeviceBuffer dx(x.size() * 2), dw(w.size() * 2);
+    dx.upload(x.data(), x.size() * 2);
+    dw.upload(w.data(), w.size() * 2);
+    GuardedBuffer dy(x.size() * 2);
+    poison_bf16(dy);
+    sd::ExpertNorm norm(sd::TensorRef::contiguous(dw.get(), sd::DType::bf16, {cols}, 0), eps, gc);
+    norm.run(dx.get(), dy.get(), rows, nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    ASSERT_EQ(dy.check_guards(), "");
+    std::vector<uint16_t> y(x.size());
+    dy.download(y.data(), y.size() * 2);
+    for (int r = 0; r < rows; ++r) {
+      double ss = 0;
+      for (int c = 0; c < cols; ++c) {
+        const double v = sd::bf16_to_float(x[size_t(r) * cols + c]);
+        ss += v * v;
+      }
+      const double inv = 1.0 / std::sqrt(ss / cols + eps);
+      for (int c = 0; c < cols; ++c) {
+        const double exact =
+            sd::bf16_to_float(x[size_t(r) * cols + c]) * inv * (double(sd::bf16_to_float(w[c])) + gc);
+        const double got = sd::bf16_to_float(y[size_t(r) * cols + c]);
+        // One BF16 rounding (2^-8) of a value the FP32 arithmetic and
+        // rsqrt.approx (~2^-22) moved slightly: within one BF16 ulp.
+        ASSERT_LE(std::fabs(got - exact), std::ldexp(std::fabs(exact), -7) + 0x1p-133)
+            << "cols " << cols << " row " << r << " col " << c << " got " << got << " exact " << exact;
+      }
+    }
+  }
+}
+
+TEST(PoolerExpertNorm, RefusesBadArguments) {
+  SKIP_WITHOUT_GPU(1);
+  DeviceBuffer w(4096 * 2), x(4096 * 2 * 2), y(4096 * 2 * 2);
+  EXPECT_THROW(sd::ExpertNorm(sd::TensorRef::contiguous(w.get(), sd::DType::bf16, {500}, 0), 1e-5f, 1.0f),
+               sd::InvalidArgument);
+  EXPECT_THROW(sd::ExpertNorm(sd::TensorRef::contiguous(w.get(), sd::DType::f32, {512}, 0), 1e-5f, 1.0f),
+               sd::InvalidArgument);
+  sd::ExpertNorm norm(sd::TensorRef::contiguous(w.get(), sd::DType::bf16, {4096}, 0), 1e-5f, 1.0f);
+  EXPECT_THROW(norm.run(x.get(), x.get(), 1, nullptr), sd::InvalidArgument);  // y overlaps x
+  EXPECT_THROW(norm.run(x.as<char>() + 2, y.get(), 1, nullptr), sd::InvalidArgument);
+  EXPECT_THROW(norm.run(x.get(), y.get(), 0, nullptr), sd::InvalidArgument);
+}
+
+namespace {
+
+// Runs the skinny GEMM at `shape` for every m in 1..16 on [n, k]: accuracy
+// against FP64, every element of rows < m written and rows >= m untouched,
+// guards intact, a second run bit-identical, and every row equal to the same
+// row computed alone (m = 1) and in the full batch (m = 16).
+void skinny_shape_checks(const sd::PoolerGemmShape& shape, int n, int k, uint64_t seed) {
+  const int M = sd::kPoolerMaxBatch;
+  const auto w = normal_bf16(size_t(n) * k, seed, 0.05f);
+  const auto x = normal_bf16(size_t(M) * k, seed + 1);
+  DeviceBuffer dw(w.size() * 2), dx(x.size() * 2);
+  dw.upload(w.data(), w.size() * 2);
+  dx.upload(x.data(), x.size() * 2);
+  GuardedBuffer out(size_t(M) * n * 2), again(size_t(M) * n * 2), alone(size_t(n) * 2);
+  std::vector<std::vector<uint16_t>> results(M + 1);
+  for (int m = 1; m <= M; ++m) {
+    poison_bf16(out);
+    poison_bf16(again);
+    sd::skinny_gemm(shape, dw.get(), dx.get(), out.get(), n, k, m, nullptr, m % 2 == 0);
+    sd::skinny_gemm(shape, dw.get(), dx.get(), again.get(), n, k, m, nullptr, true);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    POOLER_REQUIRE(out.check_guards().empty() && again.check_guards().empty(), shape.to_string(), " m ", m,
+                   ": guards ", out.check_guards(), again.check_guards());
+    std::vector<uint16_t> o(size_t(M) * n), a(size_t(M) * n);
+    out.download(o.data(), o.size() * 2);
+    again.download(a.data(), a.size() * 2);
+    for (size_t i = 0; i < o.size(); ++i) {
+      const bool live = i < size_t(m) * n;
+      POOLER_REQUIRE(live ? o[i] != kPoisonBf16 : o[i] == kPoisonBf16, shape.to_string(), " m ", m, " element ", i,
+                     live ? " not written" : " written past m rows");
+      POOLER_REQUIRE(o[i] == a[i], shape.to_string(), " m ", m, " element ", i, " differs between two runs");
+    }
+    o.resize(size_t(m) * n);
+    const std::string bad = check_gemm(o, x.data(), w.data(), m, n, k);
+    POOLER_REQUIRE(bad.empty(), shape.to_string(), " n ", n, " k ", k, " m ", m, ": ", bad);
+    results[m] = o;
+  }
+  for (int r = 0; r < M; ++r) {
+    poison_bf16(alone);
+    sd::skinny_gemm(shape, dw.get(), dx.as<uint16_t>() + size_t(r) * k, alone.get(), n, k, 1, nullptr, true);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<uint16_t> one(n);
+    alone.download(one.data(), n * 2);
+    for (int m = r + 1; m <= M; ++m)
+      for (int j = 0; j < n; ++j)
+        POOLER_REQUIRE(results[m][size_t(r) * n + j] == one[j], shape.to_string(), ": row ", r, " col ", j,
+                       " in a batch of ", m, " differs from the row alone (batch invariance)");
+  }
+}
+
+}  // namespace
+
+TEST(PoolerGemm, EverySkinnyShapeIsAccurateReproducibleAndBatchInvariant) {
+  SKIP_WITHOUT_GPU(1);
+  const uint64_t seed = fresh_seed("skinny gemm");
+  for (const auto& shape : sd::pooler_gemm_shapes()) {
+    // K = H (one chunk) and 2 H (two chunks, the weight reloaded in the loop);
+    // a small N (cheap reference) that leaves few CTAs.
+    for (int k : {sd::kMuseSpark.hidden, 2 * sd::kMuseSpark.hidden}) {
+      try {
+        skinny_shape_checks(shape, 64, k, seed + k);
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << e.what();
+      }
+    }
+  }
+}
+
+TEST(PoolerGemm, TableAndBothEnginesAtTheModelShape) {
+  SKIP_WITHOUT_GPU(1);
+  const uint64_t seed = fresh_seed("pooler gemm model shape");
+  const int tp = 2, n = sd::kMuseSpark.pooled / tp, k = sd::kMuseSpark.hidden, M = sd::kPoolerMaxBatch;
+  const auto w = normal_bf16(size_t(n) * k, seed, 0.05f);
+  const auto x = normal_bf16(size_t(M) * k, seed + 1);
+  DeviceBuffer dw(w.size() * 2), dx(x.size() * 2);
+  dw.upload(w.data(), w.size() * 2);
+  dx.upload(x.data(), x.size() * 2);
+  GuardedBuffer out(size_t(M) * n * 2);
+  const auto weight = sd::TensorRef::contiguous(dw.get(), sd::DType::bf16, {n, k}, 0);
+  sd::PoolerGemmChoice mma;
+  mma.engine = sd::PoolerGemmEngine::mma;
+  std::vector<std::optional<sd::PoolerGemmChoice>> forced = {std::nullopt, mma};
+  for (const auto& s : sd::pooler_gemm_shapes()) forced.push_back(sd::PoolerGemmChoice{sd::PoolerGemmEngine::skinny, s});
+  for (const auto& f : forced) {
+    sd::PoolerGemm::Options o;
+    o.batches = {1, 3, 8, 16};
+    o.force = f;
+    sd::PoolerGemm gemm(weight, tp, o);
+    for (int m : o.batches) {
+      poison_bf16(out);
+      gemm.run(dx.get(), out.get(), m, nullptr);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      ASSERT_EQ(out.check_guards(), "");
+      std::vector<uint16_t> got(size_t(M) * n);
+      out.download(got.data(), got.size() * 2);
+      for (size_t i = size_t(m) * n; i < got.size(); ++i) ASSERT_EQ(got[i], kPoisonBf16) << "written past m rows";
+      got.resize(size_t(m) * n);
+      const std::string bad = check_gemm(got, x.data(), w.data(), m, n, k);
+      EXPECT_EQ(bad, "") << gemm.choice(m).to_string() << " m " << m;
+    }
+    EXPECT_THROW(gemm.run(dx.get(), out.get(), 2, nullptr), sd::InvalidArgument);  // not prepared
+  }
+}

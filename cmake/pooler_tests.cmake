@@ -6,4 +6,5 @@ target_sources(spark_decode_cpu_tests PRIVATE
 target_sources(spark_decode_gpu_tests PRIVATE
   ${PROJECT_SOURCE_DIR}/tests/gpu/test_pooler_kernels.cu
   ${PROJECT_SOURCE_DIR}/tests/gpu/test_pooler_fused.cu
+  ${PROJECT_SOURCE_DIR}/tests/gpu/test_pooler.cu
 )

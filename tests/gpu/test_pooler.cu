@@ -1,0 +1,241 @@
+// The Pooler end to end: 62 layers (0 and 61 BF16 edge layers, the rest
+// NVFP4), warm_up on every rank, then many steps in layer order with a random
+// b from `batches` (the same on every rank), most of them as replays of a
+// CUDA graph captured per b, the rest eager. After every step each rank
+// checks every layer's output (copied out inside the graph into poisoned
+// records) against the stock path computed on the projected blocks of all
+// ranks (stock gather = concatenation, ExpertNorm, nvfp4_quantize): NVFP4
+// layers bit for bit, edge layers except the sign of zero; one layer's
+// projection per step against the FP64 GEMM reference; rows >= b untouched.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "pooler_test_util.h"
+#include "spark_decode/expert_norm.h"
+#include "spark_decode/model_shape.h"
+#include "spark_decode/nvfp4.h"
+#include "spark_decode/pooler.h"
+
+namespace sd = spark_decode;
+using namespace sd::testing;
+using namespace sd::testing::pooler_tests;
+
+namespace {
+
+struct Shared {
+  std::mutex mu;
+  std::vector<std::vector<uint16_t>> shards;  // by rank: [layers][b][P/tp]
+};
+
+void pooler_steps(sd::Group& group, int device, int pooled, int steps, const std::vector<int>& batches,
+                  std::optional<sd::PoolerGemmChoice> gemm, uint64_t seed, Shared& shared) {
+  const int tp = group.size(), rank = group.rank(), H = sd::kMuseSpark.hidden, L = sd::kMuseSpark.layers;
+  const int shard = pooled / tp, cap = sd::kMuseSpark.max_batch;
+  // Weights: W_full [P, H] per layer (this rank keeps its rows), norm
+  // weights, global scales; all a function of (seed, layer).
+  DeviceBuffer w(size_t(L) * shard * H * 2), nw(size_t(L) * pooled * 2), gs(size_t(L) * 4);
+  std::vector<float> scales(L);
+  std::vector<sd::PoolerLayer> layers(L);
+  for (int l = 0; l < L; ++l) {
+    const auto full = normal_bf16(size_t(pooled) * H, seed + 100 * l, 0.02f);
+    CUDA_CHECK(cudaMemcpy(w.as<uint16_t>() + size_t(l) * shard * H, full.data() + size_t(rank) * shard * H,
+                          size_t(shard) * H * 2, cudaMemcpyHostToDevice));
+    const auto n = normal_bf16(pooled, seed + 100 * l + 1, 0.2f);
+    CUDA_CHECK(cudaMemcpy(nw.as<uint16_t>() + size_t(l) * pooled, n.data(), pooled * 2, cudaMemcpyHostToDevice));
+    scales[l] = std::ldexp(1.0f + 0.01f * l, (l % 9) - 2);
+    layers[l].weight = sd::TensorRef::contiguous(w.as<uint16_t>() + size_t(l) * shard * H, sd::DType::bf16,
+                                                 {shard, H}, device);
+    layers[l].norm_weight = sd::TensorRef::contiguous(nw.as<uint16_t>() + size_t(l) * pooled, sd::DType::bf16,
+                                                      {pooled}, device);
+    layers[l].eps = l % 2 ? 1e-6f : 1e-5f;
+    layers[l].gain_center = 1.0f;
+    if (l != 0 && l != L - 1)
+      layers[l].global_scale = sd::TensorRef::contiguous(gs.as<float>() + l, sd::DType::f32, {1}, device);
+  }
+  gs.upload(scales.data(), L * 4);
+  sd::PoolerOptions options;
+  options.gemm = gemm;
+  options.mailbox_guard_bytes = 4096;
+  sd::Pooler pooler(group, tp, rank, device, layers, batches, cap, true, options);
+  TestStream stream;
+  pooler.warm_up(stream);
+
+  DeviceBuffer x(size_t(L) * cap * H * 2), rec_shard(size_t(L) * cap * shard * 2), rec_a(size_t(L) * cap * pooled / 2),
+      rec_sf(size_t(L) * cap * pooled / 16), rec_n(size_t(L) * cap * pooled * 2);
+  auto one_step = [&](int b) {
+    for (int l = 0; l < L; ++l) {
+      const auto s = pooler.project(l, x.as<uint16_t>() + size_t(l) * cap * H, b, stream);
+      CUDA_CHECK(cudaMemcpyAsync(rec_shard.as<uint16_t>() + size_t(l) * cap * shard, s.data, size_t(b) * shard * 2,
+                                 cudaMemcpyDeviceToDevice, stream));
+      pooler.publish(b, stream);
+      const sd::PoolerOutput out = pooler.gather(l, b, stream);
+      POOLER_REQUIRE(out.nvfp4 == (l != 0 && l != L - 1), "layer ", l, ": wrong output form");
+      if (out.nvfp4) {
+        CUDA_CHECK(cudaMemcpyAsync(rec_a.as<uint8_t>() + size_t(l) * cap * pooled / 2, out.a.data,
+                                   size_t(b) * pooled / 2, cudaMemcpyDeviceToDevice, stream));
+        CUDA_CHECK(cudaMemcpyAsync(rec_sf.as<uint8_t>() + size_t(l) * cap * pooled / 16, out.a_sf.data,
+                                   size_t(b) * pooled / 16, cudaMemcpyDeviceToDevice, stream));
+      } else {
+        CUDA_CHECK(cudaMemcpyAsync(rec_n.as<uint16_t>() + size_t(l) * cap * pooled, out.normed.data,
+                                   size_t(b) * pooled * 2, cudaMemcpyDeviceToDevice, stream));
+      }
+    }
+  };
+  std::map<int, cudaGraphExec_t> graphs;
+  for (int b : batches) {
+    cudaGraph_t graph;
+    CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    one_step(b);
+    CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    CUDA_CHECK(cudaGraphInstantiate(&graphs[b], graph, 0));
+    CUDA_CHECK(cudaGraphDestroy(graph));
+  }
+  // Stock path pieces.
+  std::vector<std::unique_ptr<sd::ExpertNorm>> norms;
+  for (int l = 0; l < L; ++l)
+    norms.push_back(std::make_unique<sd::ExpertNorm>(layers[l].norm_weight, layers[l].eps, layers[l].gain_center));
+  DeviceBuffer full(size_t(cap) * pooled * 2), normed(size_t(cap) * pooled * 2), sa(size_t(cap) * pooled / 2),
+      ssf(size_t(cap) * pooled / 16);
+
+  std::mt19937_64 bgen(seed + 5);  // the same b sequence on every rank
+  for (int step = 0; step < steps; ++step) {
+    const int b = batches[bgen() % batches.size()];
+    const auto xs = normal_bf16(size_t(L) * cap * H, seed + 7 * step + 3);  // replicated tokens
+    x.upload(xs.data(), xs.size() * 2);
+    for (DeviceBuffer* r : {&rec_shard, &rec_a, &rec_sf, &rec_n}) CUDA_CHECK(cudaMemset(r->get(), 0xff, r->bytes()));
+    CUDA_CHECK(cudaDeviceSynchronize());
+    if (step % 4 == 3)
+      one_step(b);
+    else
+      CUDA_CHECK(cudaGraphLaunch(graphs[b], stream));
+    pooler.mailbox().synchronize(stream);
+
+    const auto sh = download<uint16_t>(rec_shard.get(), size_t(L) * cap * shard);
+    {
+      std::lock_guard<std::mutex> lock(shared.mu);
+      shared.shards[rank] = sh;
+    }
+    group.barrier();
+    const auto ra = download<uint8_t>(rec_a.get(), rec_a.bytes()), rsf = download<uint8_t>(rec_sf.get(), rec_sf.bytes());
+    const auto rn = download<uint16_t>(rec_n.get(), rec_n.bytes() / 2);
+    for (int l = 0; l < L; ++l) {
+      // The stock all-gather: every rank's projected rows side by side.
+      std::vector<uint16_t> rows(size_t(b) * pooled);
+      for (int q = 0; q < tp; ++q)
+        for (int r = 0; r < b; ++r)
+          std::memcpy(rows.data() + size_t(r) * pooled + size_t(q) * shard,
+                      shared.shards[q].data() + (size_t(l) * cap + r) * shard, shard * 2);
+      full.upload(rows.data(), rows.size() * 2);
+      norms[l]->run(full.get(), normed.get(), b, stream);
+      const bool nvfp4 = layers[l].global_scale.has_value();
+      if (nvfp4) sd::nvfp4_quantize(normed.get(), gs.as<float>() + l, sa.get(), ssf.get(), b, pooled, stream);
+      CUDA_CHECK(cudaStreamSynchronize(stream));
+      if (nvfp4) {
+        const auto a = download<uint8_t>(sa.get(), size_t(b) * pooled / 2);
+        const auto s = download<uint8_t>(ssf.get(), size_t(b) * pooled / 16);
+        for (size_t i = 0; i < size_t(cap) * pooled / 2; ++i) {
+          const uint8_t got = ra[size_t(l) * cap * pooled / 2 + i];
+          POOLER_REQUIRE(i < a.size() ? got == a[i] : got == 0xff, "step ", step, " b ", b, " layer ", l, " a byte ", i,
+                         i < a.size() ? " differs from stock" : " written past b rows");
+        }
+        for (size_t i = 0; i < size_t(cap) * pooled / 16; ++i) {
+          const uint8_t got = rsf[size_t(l) * cap * pooled / 16 + i];
+          POOLER_REQUIRE(i < s.size() ? got == s[i] : got == 0xff, "step ", step, " b ", b, " layer ", l, " a_sf ", i,
+                         i < s.size() ? " differs from stock" : " written past b rows");
+        }
+      } else {
+        const auto n = download<uint16_t>(normed.get(), size_t(b) * pooled);
+        for (size_t i = 0; i < size_t(cap) * pooled; ++i) {
+          const uint16_t got = rn[size_t(l) * cap * pooled + i];
+          if (i >= n.size()) {
+            POOLER_REQUIRE(got == 0xffff, "step ", step, " layer ", l, " normed ", i, " written past b rows");
+            continue;
+          }
+          POOLER_REQUIRE(got == n[i] || ((got & 0x7fff) == 0 && (n[i] & 0x7fff) == 0), "step ", step, " b ", b,
+                         " edge layer ", l, " element ", i, ": 0x", std::hex, got, " stock 0x", n[i]);
+        }
+      }
+    }
+    // One layer's projection per step against the FP64 reference.
+    const int l = step % L;
+    const auto wfull = normal_bf16(size_t(pooled) * H, seed + 100 * l, 0.02f);
+    std::vector<uint16_t> got(sh.begin() + size_t(l) * cap * shard, sh.begin() + (size_t(l) * cap + b) * shard);
+    for (size_t i = size_t(b) * shard; i < size_t(cap) * shard; ++i)
+      POOLER_REQUIRE(sh[size_t(l) * cap * shard + i] == 0xffff, "projection written past b rows");
+    const std::string bad = check_gemm(got, xs.data() + size_t(l) * cap * H, wfull.data() + size_t(rank) * shard * H,
+                                       b, shard, H);
+    POOLER_REQUIRE(bad.empty(), "step ", step, " layer ", l, " b ", b, " (", pooler.gemm_choice(l, b).to_string(),
+                   "): ", bad);
+    group.barrier();  // nobody overwrites shared.shards while a peer reads it
+  }
+  for (auto& [b, g] : graphs) CUDA_CHECK(cudaGraphExecDestroy(g));
+  pooler.barrier();
+}
+
+void run(int tp, int devices, int pooled, int steps, std::vector<int> batches,
+         std::optional<sd::PoolerGemmChoice> gemm = std::nullopt) {
+  const uint64_t seed = fresh_seed("pooler");
+  Shared shared;
+  shared.shards.resize(tp);
+  for (const auto& f : run_on_gpus(
+           tp, [&](sd::Group& g, int d) { pooler_steps(g, d, pooled, steps, batches, gemm, seed, shared); }, devices))
+    ADD_FAILURE() << f;
+}
+
+}  // namespace
+
+TEST(Pooler, SixtyTwoLayersSmallShapeOneGpu) {
+  SKIP_WITHOUT_GPU(1);
+  run(1, 1, 512, 24, {1, 3, 8, 16});
+}
+
+TEST(Pooler, SixtyTwoLayersSmallShapeTwoGpus) {
+  const std::string why = peer_gpus_unavailable_reason(2);
+  if (!why.empty()) GTEST_SKIP() << why;
+  run(2, 2, 512, 40, {1, 2, 5, 8, 13, 16});
+}
+
+TEST(Pooler, SixtyTwoLayersMmaEngineTwoGpus) {
+  const std::string why = peer_gpus_unavailable_reason(2);
+  if (!why.empty()) GTEST_SKIP() << why;
+  sd::PoolerGemmChoice mma;
+  mma.engine = sd::PoolerGemmEngine::mma;
+  run(2, 2, 512, 12, {4, 16}, mma);
+}
+
+TEST(Pooler, SixtyTwoLayersModelShapeTwoGpus) {
+  const std::string why = peer_gpus_unavailable_reason(2);
+  if (!why.empty()) GTEST_SKIP() << why;
+  run(2, 2, sd::kMuseSpark.pooled, 8, {1, 4, 8, 16});
+}
+
+TEST(Pooler, RefusesBadConstruction) {
+  SKIP_WITHOUT_GPU(1);
+  for (const auto& f : run_on_gpus(1, [&](sd::Group& g, int d) {
+         const int H = sd::kMuseSpark.hidden, P = 512;
+         DeviceBuffer w(size_t(P) * H * 2), nw(P * 2), gs(4);
+         sd::PoolerLayer l;
+         l.weight = sd::TensorRef::contiguous(w.get(), sd::DType::bf16, {P, H}, d);
+         l.norm_weight = sd::TensorRef::contiguous(nw.get(), sd::DType::bf16, {P}, d);
+         EXPECT_THROW(sd::Pooler(g, 1, 0, d, {l}, {0}), sd::InvalidArgument);
+         EXPECT_THROW(sd::Pooler(g, 1, 0, d, {l}, {17}), sd::InvalidArgument);
+         EXPECT_THROW(sd::Pooler(g, 3, 0, d, {l}), sd::InvalidArgument);
+         sd::PoolerLayer bad = l;
+         bad.weight.shape[0] = P / 2;
+         EXPECT_THROW(sd::Pooler(g, 1, 0, d, {bad}), sd::InvalidArgument);
+         bad = l;
+         bad.global_scale = sd::TensorRef::contiguous(gs.get(), sd::DType::bf16, {1}, d);
+         EXPECT_THROW(sd::Pooler(g, 1, 0, d, {bad}), sd::InvalidArgument);
+         sd::Pooler ok(g, 1, 0, d, {l}, {2});
+         DeviceBuffer x(size_t(4) * H * 2);
+         EXPECT_THROW(ok.run(0, x.get(), 3, nullptr), sd::InvalidArgument);  // b not in batches
+         EXPECT_THROW(ok.run(1, x.get(), 2, nullptr), sd::InvalidArgument);  // no layer 1
+         ok.barrier();
+       }))
+    ADD_FAILURE() << f;
+}

@@ -131,7 +131,13 @@ GuardedBuffer::GuardedBuffer(size_t bytes, size_t guard_bytes) : bytes_(bytes), 
 
 GuardedBuffer::~GuardedBuffer() { cudaFree(base_); }
 
-void GuardedBuffer::fill(uint8_t byte) { CUDA_CHECK(cudaMemset(get(), byte, bytes_)); }
+// Synchronous with the host: cudaMemset runs on the legacy stream, which does
+// not order against the tests' non-blocking streams, so without the wait a
+// kernel launched next on such a stream could run before the poison lands.
+void GuardedBuffer::fill(uint8_t byte) {
+  CUDA_CHECK(cudaMemset(get(), byte, bytes_));
+  CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
+}
 
 void GuardedBuffer::upload(const void* host, size_t bytes) {
   SPARK_CHECK(bytes <= bytes_, "upload of ", bytes, " bytes into ", bytes_);

@@ -63,7 +63,7 @@ class GuardedBuffer {
 
   void* get() const { return static_cast<char*>(base_) + guard_; }
   size_t bytes() const { return bytes_; }
-  void fill(uint8_t byte);                       // the payload only
+  void fill(uint8_t byte);  // the payload only; done when it returns
   void upload(const void* host, size_t bytes);
   void download(void* host, size_t bytes) const;
   // Empty when both guards hold the pattern, else where they do not.

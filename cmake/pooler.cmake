@@ -8,3 +8,6 @@ target_sources(spark_decode PRIVATE
   ${PROJECT_SOURCE_DIR}/src/pooler_layer.cpp
   ${PROJECT_SOURCE_DIR}/src/pooler.cu
 )
+target_sources(spark_decode_bench PRIVATE
+  ${PROJECT_SOURCE_DIR}/bench/bench_pooler.cpp
+)

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "bench_pooler.h"
 #include "benches.h"
 #include "info.h"
 #include "spark_decode/error.h"
@@ -51,6 +52,17 @@ int main(int argc, char** argv) {
   auto* tune = app.add_subcommand("tune", "time every valid tactic (to choose the tactic table)");
   tune->require_subcommand(1);
   auto* tune_unpooler = tune->add_subcommand("unpooler", "every unpooler tactic at the model's shapes");
+  sd::bench::PoolerBenchOptions pooler_opts;
+  pooler_opts.out_dir = opts.out_dir;
+  auto* bench_pooler = bench->add_subcommand("pooler", "Pooler.run vs stock (tp GPUs) and the pooler GEMM vs cuBLAS");
+  auto* tune_pooler = tune->add_subcommand("pooler", "the pooler GEMM: every engine and shape vs cuBLAS (one GPU)");
+  for (CLI::App* c : {bench_pooler, tune_pooler}) {
+    c->add_option("--tp", pooler_opts.tps, "tp of Pooler.run vs stock")->delimiter(',');
+    c->add_option("--gemm-tp", pooler_opts.gemm_tps, "tp of the GEMM sweep")->delimiter(',');
+    c->add_option("--b", pooler_opts.bs, "batch sizes")->delimiter(',');
+    c->add_option("--repeats", pooler_opts.repeats, "graph replays per figure (median)");
+    c->add_option("--out", pooler_opts.out_dir, "directory of the JSON and markdown");
+  }
   auto* profile = app.add_subcommand("profile", "a few eager calls of one kernel, to run under ncu");
   profile->require_subcommand(1);
   auto* profile_unpooler = profile->add_subcommand("unpooler", "the unpooler at one tactic");
@@ -86,6 +98,13 @@ int main(int argc, char** argv) {
       }
       const std::string path = *bench_unpooler ? sd::bench::bench_unpooler(opts) : sd::bench::tune_unpooler(opts);
       std::printf("wrote %s (and .md)\n", path.c_str());
+      return 0;
+    }
+    if (*bench_pooler || *tune_pooler) {
+      if (int rc = require_gpu("bench")) return rc;
+      pooler_opts.gemm_only = static_cast<bool>(*tune_pooler);
+      std::filesystem::create_directories(pooler_opts.out_dir);
+      std::printf("wrote %s (and .md)\n", sd::bench::bench_pooler(pooler_opts).c_str());
       return 0;
     }
     if (*bench_gather) {

@@ -1,0 +1,217 @@
+#include "bench_pooler.h"
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "cublas_gemm.h"
+#include "harness.h"
+#include "spark_decode/error.h"
+#include "spark_decode/expert_norm.h"
+#include "spark_decode/group.h"
+#include "spark_decode/model_shape.h"
+#include "spark_decode/nvfp4.h"
+#include "spark_decode/pooler.h"
+#include "spark_decode/pooler_gemm.h"
+
+#define POOLER_NCCL_CHECK(expr)                                                                     \
+  do {                                                                                              \
+    ncclResult_t r_ = (expr);                                                                       \
+    SPARK_CHECK_RUNTIME(r_ == ncclSuccess, "NCCL error ", ncclGetErrorString(r_), " in ", #expr); \
+  } while (0)
+
+namespace spark_decode::bench {
+namespace {
+
+double floor_us(size_t bytes, double tbps) { return bytes / (tbps * 1e12) * 1e6; }
+
+// The GEMM sweep on the current GPU: records op pooler_gemm.
+void gemm_sweep(const PoolerBenchOptions& o, Report& report, cudaStream_t stream) {
+  const int k = kMuseSpark.hidden;
+  DeviceMemory x(size_t{2} * kPoolerMaxBatch * k), out(size_t{2} * kPoolerMaxBatch * kMuseSpark.pooled);
+  fill_random_bf16(x.get(), size_t{kPoolerMaxBatch} * k, 7);
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  for (int tp : o.gemm_tps) {
+    const int n = kMuseSpark.pooled / tp;
+    const size_t bytes = size_t{2} * n * k;
+    const int copies = cold_copies(bytes);
+    DeviceMemory w(bytes * copies);
+    fill_random_bf16(w.get(), size_t(n) * k * copies, 0x900d + tp);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    auto copy = [&](int i) { return static_cast<const void*>(w.as<char>() + bytes * i); };
+    std::vector<const void*> ptrs;
+    for (int i = 0; i < copies; ++i) ptrs.push_back(copy(i));
+    const double floor = floor_us(bytes, report.hbm_read_TBps);
+    std::printf("pooler GEMM tp %d: N=%d K=%d, %d cold copies, floor %.2f us\n", tp, n, k, copies, floor);
+    std::vector<std::pair<std::string, std::optional<PoolerGemmChoice>>> engines = {{"table", std::nullopt}};
+    PoolerGemmChoice mma;
+    mma.engine = PoolerGemmEngine::mma;
+    engines.push_back({mma.to_string(), mma});
+    for (const auto& s : pooler_gemm_shapes()) engines.push_back({s.to_string(), PoolerGemmChoice{PoolerGemmEngine::skinny, s}});
+    for (int b : o.bs) {
+      CublasGemm blas(b, n, k);
+      const double blas_us = blas.pick_fastest(ptrs, x.get(), out.get(), o.repeats, stream);
+      report.records.push_back({"pooler_gemm", "cublas", "", "graph", tp, b, n, k, blas_us, floor});
+      std::printf("  b=%2d  cublas %6.2f us (%s)\n", b, blas_us, blas.algo_description().c_str());
+      for (const auto& [name, force] : engines) {
+        for (bool pdl : {false, true}) {
+          PoolerGemm::Options go;
+          go.enable_pdl = pdl;
+          go.batches = {b};
+          go.force = force;
+          std::vector<PoolerGemm> gemms;
+          try {
+            for (int i = 0; i < copies; ++i)
+              gemms.emplace_back(TensorRef::contiguous(copy(i), DType::bf16, {n, k}, dev), tp, go);
+          } catch (const InvalidArgument& e) {
+            std::printf("        %-52s cannot run: %s\n", name.c_str(), e.what());
+            break;
+          }
+          const double us = time_graph([&](cudaStream_t s, int c) { gemms[c].run(x.get(), out.get(), b, s); },
+                                       copies, o.repeats, stream);
+          const std::string variant = (name == "table" ? "table=" + gemms[0].choice(b).to_string() : name);
+          report.records.push_back(
+              {"pooler_gemm", "spark", variant, pdl ? "pdl_chain" : "graph", tp, b, n, k, us, floor});
+          std::printf("        %-52s %-9s %6.2f us  %.2fx cublas, %3.0f%% of floor\n", variant.c_str(),
+                      pdl ? "pdl_chain" : "graph", us, blas_us / us, 100 * floor / us);
+        }
+      }
+    }
+  }
+}
+
+// Pooler.run against the stock path at tp (tp GPUs, a thread each): op pooler.
+void pooler_vs_stock(const PoolerBenchOptions& o, int tp, Report& report) {
+  const int H = kMuseSpark.hidden, P = kMuseSpark.pooled, shard = P / tp, L = kMuseSpark.layers;
+  int devices = 0;
+  CUDA_CHECK(cudaGetDeviceCount(&devices));
+  SPARK_CHECK_RUNTIME(devices >= tp, "bench pooler at tp ", tp, " needs ", tp, " GPUs, found ", devices);
+  ncclUniqueId id;
+  if (tp > 1) POOLER_NCCL_CHECK(ncclGetUniqueId(&id));
+  auto shared = InProcessGroup::make_shared(tp);
+  std::mutex mu;
+  std::map<int, std::pair<double, double>> results;  // b -> (spark, stock)
+  std::vector<std::exception_ptr> errors(tp);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < tp; ++rank)
+    threads.emplace_back([&, rank] {
+      try {
+        CUDA_CHECK(cudaSetDevice(rank));
+        InProcessGroup group(shared, rank);
+        cudaStream_t stream;
+        CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+        // 62 layers of distinct weights (62 x P/tp x H BF16: far more than
+        // 4x the L2): every call's weights are cold.
+        DeviceMemory w(size_t{2} * L * shard * H), nw(size_t{2} * P), gs(sizeof(float) * L);
+        fill_random_bf16(w.get(), size_t(L) * shard * H, 0x1000 + rank);
+        fill_random_bf16(nw.get(), P, 0x2000);
+        std::vector<float> scales(L, 2688.0f / 8.0f);
+        CUDA_CHECK(cudaMemcpy(gs.get(), scales.data(), sizeof(float) * L, cudaMemcpyHostToDevice));
+        std::vector<PoolerLayer> layers(L);
+        for (int l = 0; l < L; ++l) {
+          layers[l].weight = TensorRef::contiguous(w.as<char>() + size_t{2} * l * shard * H, DType::bf16, {shard, H}, rank);
+          layers[l].norm_weight = TensorRef::contiguous(nw.get(), DType::bf16, {P}, rank);
+          if (l != 0 && l != L - 1) layers[l].global_scale = TensorRef::contiguous(gs.as<float>() + l, DType::f32, {1}, rank);
+        }
+        Pooler pooler(group, tp, rank, rank, layers, o.bs, kMuseSpark.max_batch, true);
+        pooler.warm_up(stream);
+        DeviceMemory x(size_t{2} * kPoolerMaxBatch * H);
+        fill_random_bf16(x.get(), size_t{kPoolerMaxBatch} * H, 0x3000);
+        // Stock: cuBLAS, ncclAllGather, a [tp][b][shard] -> [b][P] copy, norm, quantize.
+        ExpertNorm norm(layers[1].norm_weight, 1e-5f, 1.0f, /*enable_pdl=*/false);
+        DeviceMemory part(size_t{2} * kPoolerMaxBatch * shard), gathered(size_t{2} * kPoolerMaxBatch * P),
+            rows(size_t{2} * kPoolerMaxBatch * P), normed(size_t{2} * kPoolerMaxBatch * P),
+            a(size_t(kPoolerMaxBatch) * P / 2), sf(size_t(kPoolerMaxBatch) * P / 16);
+        ncclComm_t comm = nullptr;
+        if (tp > 1) POOLER_NCCL_CHECK(ncclCommInitRank(&comm, tp, id, rank));
+        for (int b : o.bs) {
+          CublasGemm blas(b, shard, H);
+          std::vector<const void*> ptrs;
+          for (int l = 1; l < L - 1; ++l) ptrs.push_back(layers[l].weight.data);
+          blas.pick_fastest(ptrs, x.get(), part.get(), 5, stream);
+          auto stock_call = [&](int l) {
+            blas.run(layers[l].weight.data, x.get(), part.get(), stream);
+            const void* src = part.get();
+            if (tp > 1) {
+              POOLER_NCCL_CHECK(ncclAllGather(part.get(), gathered.get(), size_t(b) * shard, ncclBfloat16, comm, stream));
+              CUDA_CHECK(cudaMemcpy2DAsync(rows.get(), size_t{2} * P, gathered.get(), size_t{2} * shard,
+                                           size_t{2} * shard, size_t(b) * 1, cudaMemcpyDeviceToDevice, stream));
+              for (int q = 1; q < tp; ++q)
+                CUDA_CHECK(cudaMemcpy2DAsync(rows.as<char>() + size_t{2} * q * shard, size_t{2} * P,
+                                             gathered.as<char>() + size_t{2} * q * b * shard, size_t{2} * shard,
+                                             size_t{2} * shard, b, cudaMemcpyDeviceToDevice, stream));
+              src = rows.get();
+            }
+            norm.run(src, normed.get(), b, stream);
+            nvfp4_quantize(normed.get(), gs.as<float>() + l, a.get(), sf.get(), b, P, stream, false);
+          };
+          // NCCL connects on a communicator's first collective: not under capture.
+          stock_call(1);
+          CUDA_CHECK(cudaStreamSynchronize(stream));
+          group.barrier();
+          int layer = 0;
+          cudaGraphExec_t stock = capture_graph(stream, L - 2, [&] { stock_call(1 + layer++ % (L - 2)); });
+          const double stock_us = time_replays(group, stock, stream, L - 2, o.repeats);
+          CUDA_CHECK(cudaGraphExecDestroy(stock));
+          layer = 0;
+          cudaGraphExec_t ours = capture_graph(stream, L - 2, [&] { pooler.run(1 + layer++ % (L - 2), x.get(), b, stream); });
+          const double spark_us = time_replays(group, ours, stream, L - 2, o.repeats);
+          pooler.mailbox().synchronize(stream);
+          CUDA_CHECK(cudaGraphExecDestroy(ours));
+          if (rank == 0) {
+            std::lock_guard<std::mutex> lock(mu);
+            results[b] = {spark_us, stock_us};
+          }
+        }
+        pooler.barrier();
+        if (comm) POOLER_NCCL_CHECK(ncclCommDestroy(comm));
+        CUDA_CHECK(cudaStreamDestroy(stream));
+      } catch (...) {
+        errors[rank] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  const double floor = floor_us(size_t{2} * shard * H, report.hbm_read_TBps);
+  for (const auto& [b, t] : results) {
+    report.records.push_back({"pooler", "spark", "run (PDL)", "graph", tp, b, P, H, t.first, floor});
+    report.records.push_back({"pooler", "stock", "cublas+ncclAllGather+norm+quantize", "graph", tp, b, P, H, t.second, floor});
+    std::printf("pooler tp %d b=%2d: Pooler.run %6.2f us, stock %6.2f us -> %.2fx (floor %.2f us)\n", tp, b, t.first,
+                t.second, t.second / t.first, floor);
+  }
+}
+
+}  // namespace
+
+std::string bench_pooler(const PoolerBenchOptions& o) {
+  Report report = new_report();
+  report.hbm_read_TBps = measure_hbm_read_TBps();
+  std::printf("HBM read: %.2f TB/s\n", report.hbm_read_TBps);
+  CUDA_CHECK(cudaSetDevice(0));
+  cudaStream_t stream;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  gemm_sweep(o, report, stream);
+  CUDA_CHECK(cudaStreamDestroy(stream));
+  if (!o.gemm_only)
+    for (int tp : o.tps) pooler_vs_stock(o, tp, report);
+  report.notes.push_back(
+      "pooler_gemm: one call per cold weight copy in a CUDA graph; variant names the engine (table= the tactic "
+      "table's choice); graph = PDL off, pdl_chain = PDL on; cublas = the fastest cuBLASLt candidate.");
+  report.notes.push_back(
+      "pooler: one graph of the 60 NVFP4 layers in order (distinct weights), per-call time; spark = Pooler.run "
+      "(project + publish + fused gather/norm/NVFP4, PDL on); stock = cuBLAS + ncclAllGather + [tp][b][P/tp] -> "
+      "[b][P] copies + ExpertNorm + nvfp4_quantize (PDL off; no NCCL at tp 1). n = P, k = H; floor = this rank's "
+      "weight bytes over the measured HBM read bandwidth.");
+  report.notes.push_back(format_pooler_gemm_table());
+  return report.write(o.out_dir, std::string(o.gemm_only ? "pooler_tune_" : "pooler_") + report.date);
+}
+
+}  // namespace spark_decode::bench

@@ -1,0 +1,27 @@
+// `spark-decode bench pooler`: the Pooler against the stock path, and the
+// pooler GEMM (every engine) against cuBLAS. SPEC §7 records.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace spark_decode::bench {
+
+struct PoolerBenchOptions {
+  std::vector<int> tps{1, 2};          // Pooler.run vs stock (tp GPUs of this process)
+  std::vector<int> gemm_tps{1, 2, 4, 8};  // pooler GEMM alone (one GPU)
+  std::vector<int> bs{1, 4, 8, 16};
+  int repeats = 20;
+  bool gemm_only = false;  // `tune pooler`: the GEMM sweep alone
+  std::string out_dir;
+};
+
+// op "pooler_gemm": every compiled skinny shape, the MMA engine and the
+// table's choice against the fastest cuBLASLt algorithm, per tp and b (one
+// GPU; this is also the sweep to choose the table from); op "pooler":
+// Pooler.run over the 60 NVFP4 layers against cuBLAS + ncclAllGather +
+// ExpertNorm + nvfp4_quantize, graph captured, per tp and b. Returns the
+// JSON path.
+std::string bench_pooler(const PoolerBenchOptions& options);
+
+}  // namespace spark_decode::bench

@@ -11,17 +11,13 @@
 
 #include "benches.h"
 #include "harness.h"
+#include "nccl_check.h"
 #include "peer_latency.h"
 #include "spark_decode/error.h"
 #include "spark_decode/group.h"
 #include "spark_decode/mailbox.h"
 #include "spark_decode/model_shape.h"
 
-#define NCCL_CHECK(expr)                                                                              \
-  do {                                                                                                \
-    ncclResult_t r_ = (expr);                                                                         \
-    SPARK_CHECK_RUNTIME(r_ == ncclSuccess, "NCCL error ", ncclGetErrorString(r_), " in ", #expr); \
-  } while (0)
 
 namespace spark_decode::bench {
 
@@ -39,16 +35,9 @@ std::string bench_gather(const GatherBenchOptions& o) {
 
   ncclUniqueId id;
   NCCL_CHECK(ncclGetUniqueId(&id));
-  auto shared = InProcessGroup::make_shared(o.tp);
   std::mutex mutex;
   std::map<std::pair<int, int>, std::pair<double, double>> results;  // (width, b) -> (spark, nccl)
-  std::vector<std::exception_ptr> errors(o.tp);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < o.tp; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        CUDA_CHECK(cudaSetDevice(rank));
-        InProcessGroup group(shared, rank);
+  run_ranks(o.tp, [&](Group& group, int rank) {
         cudaStream_t stream;
         CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
         ncclComm_t comm;
@@ -87,14 +76,7 @@ std::string bench_gather(const GatherBenchOptions& o) {
         }
         NCCL_CHECK(ncclCommDestroy(comm));
         CUDA_CHECK(cudaStreamDestroy(stream));
-      } catch (...) {
-        errors[rank] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  });
 
   for (const auto& [key, times] : results) {
     const auto [width, b] = key;

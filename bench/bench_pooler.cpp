@@ -12,6 +12,7 @@
 
 #include "cublas_gemm.h"
 #include "harness.h"
+#include "nccl_check.h"
 #include "spark_decode/error.h"
 #include "spark_decode/expert_norm.h"
 #include "spark_decode/group.h"
@@ -20,11 +21,6 @@
 #include "spark_decode/pooler.h"
 #include "spark_decode/pooler_gemm.h"
 
-#define POOLER_NCCL_CHECK(expr)                                                                     \
-  do {                                                                                              \
-    ncclResult_t r_ = (expr);                                                                       \
-    SPARK_CHECK_RUNTIME(r_ == ncclSuccess, "NCCL error ", ncclGetErrorString(r_), " in ", #expr); \
-  } while (0)
 
 namespace spark_decode::bench {
 namespace {
@@ -94,17 +90,10 @@ void pooler_vs_stock(const PoolerBenchOptions& o, int tp, Report& report) {
   CUDA_CHECK(cudaGetDeviceCount(&devices));
   SPARK_CHECK_RUNTIME(devices >= tp, "bench pooler at tp ", tp, " needs ", tp, " GPUs, found ", devices);
   ncclUniqueId id;
-  if (tp > 1) POOLER_NCCL_CHECK(ncclGetUniqueId(&id));
-  auto shared = InProcessGroup::make_shared(tp);
+  if (tp > 1) NCCL_CHECK(ncclGetUniqueId(&id));
   std::mutex mu;
   std::map<int, std::pair<double, double>> results;  // b -> (spark, stock)
-  std::vector<std::exception_ptr> errors(tp);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < tp; ++rank)
-    threads.emplace_back([&, rank] {
-      try {
-        CUDA_CHECK(cudaSetDevice(rank));
-        InProcessGroup group(shared, rank);
+  run_ranks(tp, [&](Group& group, int rank) {
         cudaStream_t stream;
         CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
         // 62 layers of distinct weights (62 x P/tp x H BF16: far more than
@@ -130,7 +119,7 @@ void pooler_vs_stock(const PoolerBenchOptions& o, int tp, Report& report) {
             rows(size_t{2} * kPoolerMaxBatch * P), normed(size_t{2} * kPoolerMaxBatch * P),
             a(size_t(kPoolerMaxBatch) * P / 2), sf(size_t(kPoolerMaxBatch) * P / 16);
         ncclComm_t comm = nullptr;
-        if (tp > 1) POOLER_NCCL_CHECK(ncclCommInitRank(&comm, tp, id, rank));
+        if (tp > 1) NCCL_CHECK(ncclCommInitRank(&comm, tp, id, rank));
         for (int b : o.bs) {
           CublasGemm blas(b, shard, H);
           std::vector<const void*> ptrs;
@@ -140,7 +129,7 @@ void pooler_vs_stock(const PoolerBenchOptions& o, int tp, Report& report) {
             blas.run(layers[l].weight.data, x.get(), part.get(), stream);
             const void* src = part.get();
             if (tp > 1) {
-              POOLER_NCCL_CHECK(ncclAllGather(part.get(), gathered.get(), size_t(b) * shard, ncclBfloat16, comm, stream));
+              NCCL_CHECK(ncclAllGather(part.get(), gathered.get(), size_t(b) * shard, ncclBfloat16, comm, stream));
               CUDA_CHECK(cudaMemcpy2DAsync(rows.get(), size_t{2} * P, gathered.get(), size_t{2} * shard,
                                            size_t{2} * shard, size_t(b) * 1, cudaMemcpyDeviceToDevice, stream));
               for (int q = 1; q < tp; ++q)
@@ -171,15 +160,9 @@ void pooler_vs_stock(const PoolerBenchOptions& o, int tp, Report& report) {
           }
         }
         pooler.barrier();
-        if (comm) POOLER_NCCL_CHECK(ncclCommDestroy(comm));
+        if (comm) NCCL_CHECK(ncclCommDestroy(comm));
         CUDA_CHECK(cudaStreamDestroy(stream));
-      } catch (...) {
-        errors[rank] = std::current_exception();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  });
   const double floor = floor_us(size_t{2} * shard * H, report.hbm_read_TBps);
   for (const auto& [b, t] : results) {
     report.records.push_back({"pooler", "spark", "run (PDL)", "graph", tp, b, P, H, t.first, floor});

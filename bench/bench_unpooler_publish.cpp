@@ -9,17 +9,13 @@
 #include "benches.h"
 #include "cublas_gemm.h"
 #include "harness.h"
+#include "nccl_check.h"
 #include "spark_decode/error.h"
 #include "spark_decode/group.h"
 #include "spark_decode/mailbox.h"
 #include "spark_decode/model_shape.h"
 #include "spark_decode/unpooler.h"
 
-#define NCCL_CHECK(expr)                                                                              \
-  do {                                                                                                \
-    ncclResult_t r_ = (expr);                                                                         \
-    SPARK_CHECK_RUNTIME(r_ == ncclSuccess, "NCCL error ", ncclGetErrorString(r_), " in ", #expr); \
-  } while (0)
 
 namespace spark_decode::bench {
 
@@ -34,16 +30,9 @@ std::string bench_unpooler_publish(const UnpoolerBenchOptions& o, int tp) {
 
   ncclUniqueId id;
   NCCL_CHECK(ncclGetUniqueId(&id));
-  auto shared = InProcessGroup::make_shared(tp);
   std::mutex mutex;
   std::map<std::pair<int, std::string>, double> us;  // (m, variant) -> rank 0's time
-  std::vector<std::exception_ptr> errors(tp);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < tp; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        CUDA_CHECK(cudaSetDevice(rank));
-        InProcessGroup group(shared, rank);
+  run_ranks(tp, [&](Group& group, int rank) {
         cudaStream_t stream;
         CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
         ncclComm_t comm;
@@ -116,14 +105,7 @@ std::string bench_unpooler_publish(const UnpoolerBenchOptions& o, int tp) {
         lone.barrier();
         NCCL_CHECK(ncclCommDestroy(comm));
         CUDA_CHECK(cudaStreamDestroy(stream));
-      } catch (...) {
-        errors[rank] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  });
 
   for (int m : o.ms) {
     const double zc = us[{m, "zerocopy"}], pp = us[{m, "plain+publish"}], gemm = us[{m, "gemm"}],

@@ -4,8 +4,11 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <exception>
+#include <thread>
 
 #include "spark_decode/error.h"
+#include "spark_decode/group.h"
 
 namespace spark_decode::bench {
 namespace {
@@ -106,19 +109,14 @@ int cold_copies(size_t bytes_per_copy, int min_calls) {
   return std::max<int>(min_calls, static_cast<int>(need));
 }
 
-double time_graph(const std::function<void(cudaStream_t, int)>& enqueue, int calls, int repeats,
-                  cudaStream_t stream) {
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < calls; ++i) enqueue(stream, i);
-  CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+double replay_us(cudaGraphExec_t exec, cudaStream_t stream, int calls, int repeats,
+                 const std::function<void()>& before_each) {
   cudaEvent_t a, b;
   CUDA_CHECK(cudaEventCreate(&a));
   CUDA_CHECK(cudaEventCreate(&b));
   std::vector<double> us;
   for (int r = 0; r < repeats + 3; ++r) {
+    if (before_each) before_each();
     CUDA_CHECK(cudaEventRecord(a, stream));
     CUDA_CHECK(cudaGraphLaunch(exec, stream));
     CUDA_CHECK(cudaEventRecord(b, stream));
@@ -129,9 +127,50 @@ double time_graph(const std::function<void(cudaStream_t, int)>& enqueue, int cal
   }
   CUDA_CHECK(cudaEventDestroy(a));
   CUDA_CHECK(cudaEventDestroy(b));
-  CUDA_CHECK(cudaGraphExecDestroy(exec));
-  CUDA_CHECK(cudaGraphDestroy(graph));
   return median(us);
+}
+
+cudaGraphExec_t capture_graph(cudaStream_t stream, int calls, const std::function<void()>& one_call) {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < calls; ++i) one_call();
+  CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  CUDA_CHECK(cudaGraphDestroy(graph));
+  return exec;
+}
+
+double time_graph(const std::function<void(cudaStream_t, int)>& enqueue, int calls, int repeats,
+                  cudaStream_t stream) {
+  int i = 0;
+  cudaGraphExec_t exec = capture_graph(stream, calls, [&] { enqueue(stream, i++); });
+  const double us = replay_us(exec, stream, calls, repeats);
+  CUDA_CHECK(cudaGraphExecDestroy(exec));
+  return us;
+}
+
+double time_replays(Group& group, cudaGraphExec_t exec, cudaStream_t stream, int calls, int repeats) {
+  return replay_us(exec, stream, calls, repeats, [&] { group.barrier(); });
+}
+
+void run_ranks(int tp, const std::function<void(Group&, int)>& fn) {
+  auto shared = InProcessGroup::make_shared(tp);
+  std::vector<std::exception_ptr> errors(tp);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < tp; ++rank)
+    threads.emplace_back([&, rank] {
+      try {
+        CUDA_CHECK(cudaSetDevice(rank));
+        InProcessGroup group(shared, rank);
+        fn(group, rank);
+      } catch (...) {
+        errors[rank] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
 }
 
 }  // namespace spark_decode::bench

@@ -50,6 +50,12 @@ int cold_copies(size_t bytes_per_copy, int min_calls = 62);
 double time_graph(const std::function<void(cudaStream_t, int)>& enqueue, int calls, int repeats,
                   cudaStream_t stream);
 
+// Replays `exec` (which holds `calls` calls) `repeats` times after three
+// warm-up replays, each timed with events on `stream`; before_each runs on
+// the host before every replay. The median microseconds per call.
+double replay_us(cudaGraphExec_t exec, cudaStream_t stream, int calls, int repeats,
+                 const std::function<void()>& before_each = {});
+
 // Multi-GPU timing (one thread per rank): replays `exec` `repeats` times on
 // every rank at once (a group barrier before each replay keeps the ranks
 // within a launch of each other) and returns this rank's median microseconds
@@ -57,6 +63,9 @@ double time_graph(const std::function<void(cudaStream_t, int)>& enqueue, int cal
 double time_replays(Group& group, cudaGraphExec_t exec, cudaStream_t stream, int calls, int repeats);
 // `calls` calls of one_call() captured on `stream` into an executable graph.
 cudaGraphExec_t capture_graph(cudaStream_t stream, int calls, const std::function<void()>& one_call);
+// Runs fn(group, rank) on `tp` threads, thread r with GPU r current, over one
+// InProcessGroup; rethrows the first rank's exception after all joined.
+void run_ranks(int tp, const std::function<void(Group&, int)>& fn);
 
 // Device name, today's date, and the commit (SPARK_DECODE_COMMIT, else the
 // configure-time git hash).

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on a lent GPU machine: build for sm_90a, run the GPU tests and the
 # benchmarks, leave logs and JSON in $OUT (default /tmp/spark-out).
-#   tools/gpu_check.sh [build] [test] [tune] [bench] [gather] [publish]   (default: all but tune)
+#   tools/gpu_check.sh [build] [test] [tune] [bench] [gather] [publish] [pooler]   (default: all but tune)
 # Test filters: GTEST_FILTER=... as usual.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -45,6 +45,10 @@ fi
 if has publish; then
   say "bench unpooler --publish $(date -u +%T)"
   build/h200/spark-decode bench unpooler --publish --out "$OUT" 2>&1 | tee -a "$LOG" || rc=1
+fi
+if has pooler; then
+  say "bench pooler $(date -u +%T)"
+  build/h200/spark-decode bench pooler --out "$OUT" 2>&1 | tee -a "$LOG" || rc=1
 fi
 if has gather; then
   say "bench gather $(date -u +%T)"

@@ -71,11 +71,20 @@ void fused_equals_stock(sd::Group& group, int device, int chunks, uint64_t seed)
   uint64_t differing = 0;
   for (int chunk = 0; chunk < chunks; ++chunk) {
     const auto rows = random_rows(R, cols, seed + chunk);  // the same on every rank
+    // The stock path gets the blocks as the mailbox carries them: its
+    // publisher stores -0.0 as +0.0 (the sentinel), and e2m1 keeps the sign
+    // of zero (0x0 vs 0x8), so a -0.0 fed to stock alone would differ in that
+    // sign only. The pooler GEMM never produces -0.0 (FP32 sums from +0.0),
+    // so on real data both paths see the same blocks. The published block
+    // below keeps its -0.0s, so the rewrite itself is exercised.
+    auto stock_rows = rows;
+    for (auto& v : stock_rows)
+      if (v == 0x8000) v = 0;
     const auto weight = normal_bf16(cols, seed + 1000 + chunk, 0.3f);
     const float scale = kScales[chunk % 8];
     const float eps = chunk % 2 ? 1e-6f : sd::kMuseSpark.norm_eps;
     const float gc = chunk % 3 == 2 ? 0.5f : sd::kMuseSpark.gain_center;
-    full.upload(rows.data(), rows.size() * 2);
+    full.upload(stock_rows.data(), stock_rows.size() * 2);
     w.upload(weight.data(), weight.size() * 2);
     gs.upload(&scale, 4);
     const auto mine = block_of(rows, R, cols, rank, width);

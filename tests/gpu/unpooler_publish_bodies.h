@@ -13,6 +13,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <stdexcept>
@@ -104,6 +106,13 @@ inline void zero_copy_equals_publish(Group& g, int n, int k, uint64_t seed) {
     plain.run(r.x.get(), out_b.get(), m, r.stream);
     b.publish(out_b.get(), m, r.stream);
     a.synchronize(r.stream);
+    if (std::getenv("SPARK_TEST_TRACE")) {
+      int32_t sa[2], sb[2];
+      CUDA_CHECK(cudaMemcpy(sa, a.stage_state(), 8, cudaMemcpyDeviceToHost));
+      CUDA_CHECK(cudaMemcpy(sb, b.stage_state(), 8, cudaMemcpyDeviceToHost));
+      std::printf("[zero-copy trace] tp %d rank %d dev %d m %d: A next 0x%x active 0x%x, B next 0x%x active 0x%x\n",
+                  tp, rank, dev, m, sa[0], sa[1], sb[0], sb[1]);
+    }
     g.barrier();  // every rank has published into every copy
     const auto y = r.download(r.out, size_t(m) * n);
     ZC_REQUIRE(y == r.download(out_b, size_t(m) * n), "m ", m, ": y differs from the plain run");

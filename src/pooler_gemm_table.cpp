@@ -75,12 +75,14 @@ PoolerGemmChoice mma() {
   return c;
 }
 
-// NOT MEASURED YET (written without a GPU): the skinny GEMM where the CUDA
-// cores' FMA rate cannot limit it (b <= 4: at b = 16 and N = 2048, 268 M FMAs
-// alone take ~9 us on an H200's CUDA cores), the tensor-core engine above.
-// Replace with `spark-decode tune pooler` figures.
+// Measured on an H200 (bench/results/pooler_2026-11-30.json, `bench pooler`,
+// PDL chain, b = 1, 4, 8, 16): the skinny GEMM streams best at b = 1 (up to
+// 92% of the read floor), its CUDA-core FMAs cost too much by b = 4 except at
+// tp 8, and the MMA engine wins from there on. b = 2, 3 and 5..7 follow the
+// nearest measured b below them.
 PoolerGemmChoice table_entry(int tp, int b) {
-  if (b <= 4) return tp >= 4 ? skinny(256, 2, 4) : skinny(256, 4, 4);
+  if (b <= 3) return skinny(512, 4, 2);
+  if (b <= 7 && tp == 8) return skinny(512, 2, 2);
   return mma();
 }
 
@@ -98,7 +100,7 @@ PoolerGemmChoice pooler_gemm_choice(int n, int k, int tp, int b) {
 
 std::string format_pooler_gemm_table() {
   std::ostringstream os;
-  os << "pooler GEMM (N = P/tp, K = H; by tp and b; NOT MEASURED YET: run `spark-decode tune pooler`):\n";
+  os << "pooler GEMM (N = P/tp, K = H; by tp and b; H200 2026-11-30 at b = 1, 4, 8, 16):\n";
   for (int tp : kTensorParallelSizes) {
     const int n = kMuseSpark.pooled / tp, k = kMuseSpark.hidden;
     os << "  tp " << tp << " N=" << n << " K=" << k << ":";

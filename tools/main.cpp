@@ -8,6 +8,7 @@
 #include "benches.h"
 #include "info.h"
 #include "spark_decode/error.h"
+#include "spark_decode/pooler_gemm.h"
 #include "spark_decode/unpooler.h"
 
 namespace sd = spark_decode;
@@ -86,6 +87,7 @@ int main(int argc, char** argv) {
     }
     if (*tactics) {
       std::printf("%s", sd::format_unpooler_tactic_table().c_str());
+      std::printf("%s", sd::format_pooler_gemm_table().c_str());
       return 0;
     }
     if (*bench_unpooler || *tune_unpooler) {

@@ -25,7 +25,6 @@
 namespace spark_decode::bench {
 namespace {
 
-double floor_us(size_t bytes, double tbps) { return bytes / (tbps * 1e12) * 1e6; }
 
 // The GEMM sweep on the current GPU: records op pooler_gemm.
 void gemm_sweep(const PoolerBenchOptions& o, Report& report, cudaStream_t stream) {

@@ -39,7 +39,12 @@ struct ColdWeights {
   }
 };
 
-double floor_us(size_t bytes, double tbps) { return bytes / (tbps * 1e12) * 1e6; }
+// x [16, K] random and out [16, H]: every unpooler call's activations.
+struct Activations {
+  DeviceMemory x{size_t{2} * kUnpoolerMaxM * kMuseSpark.pooled};
+  DeviceMemory out{size_t{2} * kUnpoolerMaxM * kMuseSpark.hidden};
+  Activations() { fill_random_bf16(x.get(), size_t{kUnpoolerMaxM} * kMuseSpark.pooled, 7); }
+};
 
 bool wanted(const std::vector<int>& filter, int v) {
   return filter.empty() || std::find(filter.begin(), filter.end(), v) != filter.end();
@@ -54,8 +59,8 @@ std::string bench_unpooler(const UnpoolerBenchOptions& o) {
   cudaStream_t stream;
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const int k = kMuseSpark.pooled;
-  DeviceMemory x(size_t{2} * kUnpoolerMaxM * k), out(size_t{2} * kUnpoolerMaxM * kMuseSpark.hidden);
-  fill_random_bf16(x.get(), size_t{kUnpoolerMaxM} * k, 7);
+  Activations io;
+  DeviceMemory &x = io.x, &out = io.out;
   for (int tp : o.tps) {
     const int n = kMuseSpark.hidden / tp;
     ColdWeights weights(n, k);
@@ -111,8 +116,8 @@ std::string tune_unpooler(const UnpoolerBenchOptions& o) {
   cudaStream_t stream;
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const int k = kMuseSpark.pooled;
-  DeviceMemory x(size_t{2} * kUnpoolerMaxM * k), out(size_t{2} * kUnpoolerMaxM * kMuseSpark.hidden);
-  fill_random_bf16(x.get(), size_t{kUnpoolerMaxM} * k, 7);
+  Activations io;
+  DeviceMemory &x = io.x, &out = io.out;
   for (int tp : o.tps) {
     const int n = kMuseSpark.hidden / tp;
     ColdWeights weights(n, k);
@@ -161,8 +166,8 @@ std::string tune_unpooler(const UnpoolerBenchOptions& o) {
 
 void profile_unpooler(const UnpoolerBenchOptions& o) {
   const int k = kMuseSpark.pooled;
-  DeviceMemory x(size_t{2} * kUnpoolerMaxM * k), out(size_t{2} * kUnpoolerMaxM * kMuseSpark.hidden);
-  fill_random_bf16(x.get(), size_t{kUnpoolerMaxM} * k, 7);
+  Activations io;
+  DeviceMemory &x = io.x, &out = io.out;
   for (int tp : o.tps) {
     const int n = kMuseSpark.hidden / tp;
     ColdWeights weights(n, k);

@@ -26,7 +26,7 @@ std::string bench_unpooler_publish(const UnpoolerBenchOptions& o, int tp) {
   const int n = kMuseSpark.hidden / tp, k = kMuseSpark.pooled;
   Report report = new_report();
   report.hbm_read_TBps = measure_hbm_read_TBps();
-  const double floor = size_t{2} * n * k / (report.hbm_read_TBps * 1e12) * 1e6;
+  const double floor = floor_us(size_t{2} * n * k, report.hbm_read_TBps);
 
   ncclUniqueId id;
   NCCL_CHECK(ncclGetUniqueId(&id));

@@ -29,7 +29,6 @@
 #include <cstdint>
 #include <cuda_bf16.h>
 
-#include "kernels/common/cluster.cuh"
 #include "kernels/common/ptx.cuh"
 #include "kernels/mailbox/mailbox_device.cuh"
 #include "kernels/unpooler/unpooler_config.h"

@@ -134,8 +134,14 @@ Pooler::Pooler(Group& group, int tp, int rank, int device, std::vector<PoolerLay
   scales_ = p + shard_bytes + packed_bytes;
   rows_ = p + shard_bytes + packed_bytes + scales_bytes;
   normed_ = p + shard_bytes + packed_bytes + scales_bytes + rows_bytes;
-  CUDA_CHECK(cudaMemset(scratch_, 0, shard_bytes + packed_bytes + scales_bytes + 2 * rows_bytes));
-  CUDA_CHECK(cudaDeviceSynchronize());
+  // A constructor that throws runs no destructor: free the scratch here.
+  cudaError_t err = cudaMemset(scratch_, 0, shard_bytes + packed_bytes + scales_bytes + 2 * rows_bytes);
+  if (err == cudaSuccess) err = cudaDeviceSynchronize();
+  if (err != cudaSuccess) {
+    cudaFree(scratch_);
+    scratch_ = nullptr;
+  }
+  CUDA_CHECK(err);
 }
 
 Pooler::~Pooler() {

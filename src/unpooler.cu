@@ -118,7 +118,15 @@ void Unpooler::prepare_tile(int tile) {
   if (prepared_[tile_index(tile)]) return;
   const KernelFn fn = unpooler_kernel_for(tactic_.kw, tactic_.accs, tile);
   const auto shape = launch_shape(n_, k_, tactic_, tile, enable_pdl_);
-  CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, shape.smem_bytes));
+  // The cap is per kernel and per device, shared by every Unpooler (and the
+  // Pooler's MMA engine) using this kernel: set it to the most any of them may
+  // need, never to this one's size, which could lower it under another's
+  // feet. Launches still reserve only what they ask for.
+  int optin = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
+  SPARK_CHECK_RUNTIME(shape.smem_bytes <= optin, "unpooler tactic ", tactic_.to_string(), " needs ",
+                      shape.smem_bytes, " bytes of shared memory per block; cuda:", device_, " allows ", optin);
+  CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
   if (tactic_.splits > 1) {
     // can_implement: the cluster must fit an SM group at all.
     SPARK_CHECK_RUNTIME(kernels::max_active_clusters(fn, shape) > 0, "unpooler tactic ",

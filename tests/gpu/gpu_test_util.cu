@@ -150,6 +150,9 @@ void GuardedBuffer::fill(uint8_t byte) {
 void GuardedBuffer::upload(const void* host, size_t bytes) {
   SPARK_CHECK(bytes <= bytes_, "upload of ", bytes, " bytes into ", bytes_);
   CUDA_CHECK(cudaMemcpy(get(), host, bytes, cudaMemcpyHostToDevice));
+  // A pageable copy may return before its DMA lands; the next kernel runs on
+  // a non-blocking stream that does not order against it.
+  CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
 }
 
 void GuardedBuffer::download(void* host, size_t bytes) const {

@@ -150,7 +150,12 @@ class DeviceBuffer {
   void* get() const { return p_; }
   template <typename T>
   T* as() const { return static_cast<T*>(p_); }
-  void upload(const void* h, size_t bytes) { CUDA_CHECK(cudaMemcpy(p_, h, bytes, cudaMemcpyHostToDevice)); }
+  // Synchronous: a pageable copy may return before its DMA lands, and the
+  // tests' non-blocking streams do not order against it.
+  void upload(const void* h, size_t bytes) {
+    CUDA_CHECK(cudaMemcpy(p_, h, bytes, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
+  }
   size_t bytes() const { return bytes_; }
 
  private:

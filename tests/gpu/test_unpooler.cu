@@ -254,36 +254,46 @@ TEST(UnpoolerGpu, GraphReplayEqualsEager) {
   CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
-// A chain y = U(x), z = U(y) with programmatic dependent launch: the second
-// GEMM must read y only after the first finished writing it.
+// Chains y_r = U(x_r), z_r = U(y_r) back to back with programmatic dependent
+// launch: each second GEMM must read y_r only after the first finished
+// writing it. Every x_r is distinct and every y_r is poisoned first, so a
+// read too early sees poison or another iteration's rows and changes z_r.
 TEST(UnpoolerGpu, PdlOnEqualsOff) {
   SKIP_WITHOUT_GPU(1);
-  const int n = 4096, k = 4096;
+  const int n = 4096, k = 4096, chain = 20;
   Problem p(n, k, Dist::normal);
-  GuardedBuffer y(static_cast<size_t>(sd::kUnpoolerMaxM) * n * 2);
+  const size_t rows = static_cast<size_t>(sd::kUnpoolerMaxM);
+  GuardedBuffer xs(rows * k * 2 * chain), ys(rows * n * 2 * chain), zs(rows * n * 2 * chain);
+  const auto hx = random_bf16(rows * k * chain, Dist::normal);
+  xs.upload(hx.data(), hx.size() * 2);
   sd::Unpooler::Options on, off;
   on.enable_pdl = true;
   off.enable_pdl = false;
   sd::Unpooler u_on(weight_ref(p.w.get(), n, k), on), u_off(weight_ref(p.w.get(), n, k), off);
   cudaStream_t stream;
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  auto at = [&](GuardedBuffer& b, int r, int width) { return static_cast<char*>(b.get()) + rows * width * 2 * r; };
   for (int m : {1, 5, 16}) {
     std::vector<uint16_t> results[2];
     for (int pdl = 0; pdl < 2; ++pdl) {
       sd::Unpooler& u = pdl ? u_on : u_off;
-      poison_bf16(y);
-      poison_bf16(p.out);
-      CUDA_CHECK(cudaDeviceSynchronize());
-      for (int r = 0; r < 20; ++r) {  // many chained pairs back to back
-        u.run(p.x.get(), y.get(), m, stream);
-        u.run(y.get(), p.out.get(), m, stream);
+      poison_bf16(ys);
+      poison_bf16(zs);
+      for (int r = 0; r < chain; ++r) {
+        u.run(at(xs, r, k), at(ys, r, n), m, stream);
+        u.run(at(ys, r, n), at(zs, r, n), m, stream);
       }
       CUDA_CHECK(cudaStreamSynchronize(stream));
-      results[pdl].resize(static_cast<size_t>(m) * n);
-      p.out.download(results[pdl].data(), results[pdl].size() * 2);
+      results[pdl].resize(rows * n * chain);
+      zs.download(results[pdl].data(), results[pdl].size() * 2);
     }
     ASSERT_EQ(results[0], results[1]) << "m=" << m;
-    ASSERT_EQ(std::count(results[0].begin(), results[0].end(), kPoisonBf16), 0);
+    for (int r = 0; r < chain; ++r) {
+      const auto* z = results[0].data() + rows * n * r;
+      ASSERT_EQ(std::count(z, z + static_cast<size_t>(m) * n, kPoisonBf16), 0) << "m=" << m << " link " << r;
+      if (r > 0)  // distinct inputs give distinct outputs: a stale read would show
+        ASSERT_FALSE(std::equal(z, z + static_cast<size_t>(m) * n, z - rows * n)) << "m=" << m << " link " << r;
+    }
   }
   CUDA_CHECK(cudaStreamDestroy(stream));
 }

@@ -37,21 +37,27 @@ namespace spark_decode::testing::publish_tests {
 
 // One rank's unpooler shard and activations on its device.
 struct Rank {
+  static constexpr int kInputs = 4;  // distinct activations, rotated per call
   int rank, tp, n, k;
   GuardedBuffer w, x, out, gathered;
   cudaStream_t stream;
   Rank(Group& g, int n_, int k_, uint64_t seed)
       : rank(g.rank()), tp(g.size()), n(n_), k(k_),
-        w(size_t(n_) * k_ * 2), x(size_t(kMuseSpark.max_batch) * k_ * 2),
+        w(size_t(n_) * k_ * 2), x(size_t(kMuseSpark.max_batch) * k_ * 2 * kInputs),
         out(size_t(kMuseSpark.max_batch) * n_ * 2), gathered(size_t(kMuseSpark.max_batch) * n_ * g.size() * 2) {
     std::mt19937_64 gen(seed * 7919 + rank);
     const auto hw = random_bf16(size_t(n) * k, Dist::outliers, 0, gen);
-    const auto hx = random_bf16(size_t(kMuseSpark.max_batch) * k, Dist::specials, 0, gen);
+    const auto hx = random_bf16(size_t(kMuseSpark.max_batch) * k * kInputs, Dist::specials, 0, gen);
     w.upload(hw.data(), hw.size() * 2);
     x.upload(hx.data(), hx.size() * 2);
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   }
   ~Rank() { cudaStreamDestroy(stream); }
+  // Call c's activations: consecutive calls differ, so a consumer that
+  // returns an earlier call's rows is caught.
+  const void* x_for(int call) const {
+    return static_cast<const char*>(x.get()) + size_t(kMuseSpark.max_batch) * k * 2 * (call % kInputs);
+  }
   TensorRef weight() const {
     return TensorRef::contiguous(w.get(), DType::bf16, {n, k}, rank_device());
   }
@@ -149,8 +155,11 @@ inline void consecutive_boundaries(Group& g, int n, int k, int calls, int check_
   for (int call = 0; call < calls; ++call) {
     const int m = pick(draw);
     const bool check = call % check_every == check_every - 1 || call == calls - 1;
-    if (check) poison_bf16(r.gathered);
-    u.run(r.x.get(), r.out.get(), m, r.stream);
+    if (check) {
+      mb.synchronize(r.stream);  // no earlier call still writes what we poison
+      poison_bf16(r.gathered);
+    }
+    u.run(r.x_for(call), r.out.get(), m, r.stream);
     mb.gather(r.gathered.get(), m, r.stream);
     if (!check) continue;
     mb.synchronize(r.stream);
@@ -192,10 +201,11 @@ inline void ticket_mode(Group& g, int n, int k, int calls, int check_every, uint
     const bool check = call % check_every == check_every - 1 || call == calls - 1;
     const int32_t marker = 0x5a5a0000 | call;
     if (check) {
+      mb.synchronize(r.stream);  // no earlier call still writes what we poison
       poison_bf16(r.gathered);
       CUDA_CHECK(cudaMemcpyAsync(active, &marker, 4, cudaMemcpyHostToDevice, r.stream));
     }
-    u.run(r.x.get(), r.out.get(), m, r.stream);
+    u.run(r.x_for(call), r.out.get(), m, r.stream);
     if (check) {
       int32_t seen = 0;
       CUDA_CHECK(cudaMemcpyAsync(&seen, active, 4, cudaMemcpyDeviceToHost, r.stream));
@@ -236,7 +246,7 @@ inline void graph_replay_equals_eager(Group& g, int n, int k, int replays, uint6
   GuardedBuffer rows(per_call * kCalls * 2);
   auto enqueue = [&] {
     for (int c = 0; c < kCalls; ++c) {
-      u.run(r.x.get(), r.out.get(), ms[c], r.stream);
+      u.run(r.x_for(c), r.out.get(), ms[c], r.stream);
       mb.gather(static_cast<uint16_t*>(rows.get()) + per_call * c, ms[c], r.stream);
     }
   };
@@ -253,7 +263,10 @@ inline void graph_replay_equals_eager(Group& g, int n, int k, int replays, uint6
   g.barrier();
   for (int rep = 0; rep < replays; ++rep) {
     const bool check = rep == 0 || rep == replays - 1;
-    if (check) poison_bf16(rows);
+    if (check) {
+      mb.synchronize(r.stream);  // the previous replay no longer writes `rows`
+      poison_bf16(rows);
+    }
     CUDA_CHECK(cudaGraphLaunch(exec, r.stream));
     if (!check) continue;
     mb.synchronize(r.stream);

@@ -274,9 +274,11 @@ namespace spark_decode::ptx {
 // ---- mbarrier + st.async: one-way pushes into another CTA's shared memory ---
 // A receiver inits an mbarrier, announces the bytes it expects, and waits;
 // senders push with st.async, each store completing its bytes on the
-// receiver's mbarrier. No fence and no second cluster barrier: the
-// mbarrier's transaction count is the only synchronisation, and a sender may
-// exit as soon as it has issued its stores.
+// receiver's mbarrier. No fence: the mbarrier's transaction count orders the
+// data for the receiver. A sender must not exit before the receiver has its
+// bytes (it gives up the registers the stores read): the unpooler keeps its
+// senders on a second cluster-barrier phase that the receiver arrives at
+// after its mbarrier wait.
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));

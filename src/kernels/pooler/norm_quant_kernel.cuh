@@ -43,10 +43,12 @@ __global__ void norm_quant_gather_kernel(const NormQuantGatherArgs a) {
   float w[16];
   nvfp4::bf16x8_to_float(ptx::ld_v4(a.weight + 16 * t), w);
   nvfp4::bf16x8_to_float(ptx::ld_v4(a.weight + 16 * t + 8), w + 8);
-  const float global_scale = *a.global_scale;
 
-  // ACTIVE comes from this call's publisher.
+  // ACTIVE comes from this call's publisher. The global scale is read after
+  // the wait, as the stock quantize kernel reads it: a scale some earlier
+  // kernel computes is then seen alike by both paths.
   ptx::griddep_wait();
+  const float global_scale = *a.global_scale;
   ptx::griddep_launch_dependents();
   const uint32_t active = mailbox_dev::read_active(a.state);
   if (t == 0) mailbox_dev::advance(a.state, active, a.b);

@@ -129,6 +129,12 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW))
       stage = mailbox::word_stage(next);
     } else {
       stage = mailbox::word_stage(ptx::ld_relaxed_sys_u32(reinterpret_cast<const uint32_t*>(pub.state)));
+      // A ticket names the stage; any other value would send the epilogue's
+      // stores outside every copy's slots.
+      if (stage >= static_cast<uint32_t>(mailbox::kStages)) {
+        if (lane == 0) printf("spark-decode unpooler: ticket stage %u is not a mailbox stage; trapping\n", stage);
+        __trap();
+      }
     }
   }
 

@@ -11,8 +11,11 @@
 #pragma once
 
 #include <cuda_runtime.h>
+#include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <stdexcept>
@@ -246,6 +249,56 @@ inline void graph_replays(Group& group, int device, int width, int per_graph, in
   MB_REQUIRE(uint32_t(state[0]) == next, "NEXT after ", total, " calls: 0x", std::hex, state[0],
              " want 0x", next);
   mb.barrier();
+}
+
+// Every rank runs four good calls; then rank 0 runs call 4 and every other
+// rank skips it. Rank 0's consumer must end in the spin-timeout error, not a
+// hang. Returns rank 0's error text and how long it waited (other ranks: "",
+// -1). The trap poisons rank 0's CUDA context: run this last in a process.
+struct TimeoutOutcome {
+  std::string error;
+  double waited_s = -1;
+};
+inline TimeoutOutcome skipped_call_times_out(Group& group, int device, double timeout_s) {
+  const int rank = group.rank(), tp = group.size();
+  LamportMailbox::Options options;
+  options.spin_timeout_s = timeout_s;
+  LamportMailbox mb(group, tp, rank, 16, 256, device, options);
+  Stream stream;
+  GuardedBuffer src(16 * 256 * 2), out(size_t(16) * tp * 256 * 2);
+  src.fill(0);
+  for (int k = 0; k < 4; ++k) {  // a few good calls first
+    mb.publish(src.get(), 1 + k, stream);
+    mb.gather(out.get(), 1 + k, stream);
+  }
+  mb.synchronize(stream);
+  group.barrier();
+  TimeoutOutcome outcome;
+  if (rank == 0) {
+    const auto start = std::chrono::steady_clock::now();
+    mb.publish(src.get(), 3, stream);
+    mb.gather(out.get(), 3, stream);
+    try {
+      mb.synchronize(stream);
+    } catch (const RuntimeError& e) {
+      outcome.error = e.what();
+    }
+    outcome.waited_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  // The skipping ranks keep their copies mapped (rank 0's publish writes into
+  // them) until rank 0 has its error.
+  group.barrier();
+  return outcome;
+}
+
+// What rank 0's outcome must show: the error within the timeout, naming call
+// 4's stage (4 % 3) and source 1; any of its 3 rows may be the one reported.
+inline void expect_timeout_outcome(const TimeoutOutcome& o, double timeout_s) {
+  std::printf("timeout error after %.3f s: %s\n", o.waited_s, o.error.c_str());
+  EXPECT_NE(o.error.find("spin timeout on rank 0"), std::string::npos) << o.error;
+  EXPECT_NE(o.error.find("stage 1, source 1, row "), std::string::npos) << o.error;
+  EXPECT_GE(o.waited_s, timeout_s);
+  EXPECT_LT(o.waited_s, timeout_s + 10.0);
 }
 
 }  // namespace spark_decode::testing::mailbox_tests

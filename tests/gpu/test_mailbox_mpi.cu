@@ -92,37 +92,8 @@ TEST(UnpoolerPublishMpi, GraphReplayEqualsEager) {
 TEST(ZzMailboxMpiTimeout, SkippedCallTimesOutInsteadOfHanging) {
   run_body([](sd::Group& g, int device) {
     const double timeout_s = 0.5;
-    const int r = g.rank();
-    sd::LamportMailbox::Options options;
-    options.spin_timeout_s = timeout_s;
-    sd::LamportMailbox mb(g, g.size(), r, 16, 256, device, options);
-    Stream stream;
-    GuardedBuffer src(16 * 256 * 2), out(size_t(16) * g.size() * 256 * 2);
-    src.fill(0);
-    for (int k = 0; k < 4; ++k) {  // a few good calls first
-      mb.publish(src.get(), 1 + k, stream);
-      mb.gather(out.get(), 1 + k, stream);
-    }
-    mb.synchronize(stream);
-    g.barrier();
-    if (r == 0) {
-      std::string error;
-      const auto start = std::chrono::steady_clock::now();
-      mb.publish(src.get(), 3, stream);
-      mb.gather(out.get(), 3, stream);
-      try {
-        mb.synchronize(stream);
-      } catch (const sd::RuntimeError& e) {
-        error = e.what();
-      }
-      const double waited_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      std::printf("[mailbox mpi] timeout error after %.3f s: %s\n", waited_s, error.c_str());
-      EXPECT_NE(error.find("spin timeout on rank 0"), std::string::npos) << error;
-      EXPECT_NE(error.find("stage 1, source 1, row "), std::string::npos) << error;
-      EXPECT_GE(waited_s, timeout_s);
-      EXPECT_LT(waited_s, timeout_s + 10.0);
-    }
-    g.barrier();  // rank 1 (which skipped) stays until rank 0 has its error
+    const TimeoutOutcome o = skipped_call_times_out(g, device, timeout_s);
+    if (g.rank() == 0) expect_timeout_outcome(o, timeout_s);
   });
 }
 

@@ -89,6 +89,23 @@ inline std::vector<uint16_t> expected_rows(Group& g, const std::vector<uint16_t>
   return rows;
 }
 
+// A rank's shard, the next boundary's mailbox, and the Unpooler publishing
+// into it: the setup the boundary tests share.
+struct ZeroCopyRank {
+  Rank r;
+  LamportMailbox mb;
+  Unpooler u;
+  ZeroCopyRank(Group& g, int n, int k, uint64_t seed)
+      : r(g, n, k, seed),
+        mb(g, g.size(), g.rank(), kMuseSpark.max_batch, n, Rank::rank_device()),
+        u(r.weight(), with_mailbox(mb)) {}
+  static Unpooler::Options with_mailbox(LamportMailbox& mailbox) {
+    Unpooler::Options o;
+    o.mailbox = &mailbox;
+    return o;
+  }
+};
+
 // Zero-copy run vs plain run + the mailbox's own publish, every m in 1..16:
 // the same y, the same mailbox bytes and stage words after the publish, and
 // the same gathered rows, which are every rank's y.
@@ -144,12 +161,11 @@ inline void zero_copy_equals_publish(Group& g, int n, int k, uint64_t seed) {
 // Boundary after boundary: zero-copy run, gather, ..., `calls` times with m
 // drawn per call (the same on every rank); checked every `check_every` calls.
 inline void consecutive_boundaries(Group& g, int n, int k, int calls, int check_every, uint64_t seed) {
-  const int rank = g.rank(), tp = g.size(), dev = Rank::rank_device();
-  Rank r(g, n, k, seed);
-  LamportMailbox mb(g, tp, rank, kMuseSpark.max_batch, n, dev);
-  Unpooler::Options zc;
-  zc.mailbox = &mb;
-  Unpooler u(r.weight(), zc);
+  const int rank = g.rank(), tp = g.size();
+  ZeroCopyRank z(g, n, k, seed);
+  Rank& r = z.r;
+  LamportMailbox& mb = z.mb;
+  Unpooler& u = z.u;
   std::mt19937_64 draw(seed);
   std::uniform_int_distribution<int> pick(1, kMuseSpark.max_batch);
   for (int call = 0; call < calls; ++call) {
@@ -231,13 +247,12 @@ inline void ticket_mode(Group& g, int n, int k, int calls, int check_every, uint
 // CUDA graph and replayed: every replay gathers what the eager run did, bit
 // for bit (the stage advances on the device).
 inline void graph_replay_equals_eager(Group& g, int n, int k, int replays, uint64_t seed) {
-  const int rank = g.rank(), tp = g.size(), dev = Rank::rank_device();
+  const int rank = g.rank(), tp = g.size();
   constexpr int kCalls = 16;
-  Rank r(g, n, k, seed);
-  LamportMailbox mb(g, tp, rank, kMuseSpark.max_batch, n, dev);
-  Unpooler::Options zc;
-  zc.mailbox = &mb;
-  Unpooler u(r.weight(), zc);
+  ZeroCopyRank z(g, n, k, seed);
+  Rank& r = z.r;
+  LamportMailbox& mb = z.mb;
+  Unpooler& u = z.u;
   std::mt19937_64 draw(seed);
   std::uniform_int_distribution<int> pick(1, kMuseSpark.max_batch);
   int ms[kCalls];

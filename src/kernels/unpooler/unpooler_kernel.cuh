@@ -192,20 +192,25 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW))
     for (int nt = 0; nt < kNt; ++nt)
       ptx::st_async_v4(remote + nt * 32 * 4 * sizeof(float), part[nt][0], part[nt][1], part[nt][2], part[nt][3],
                        remote_bar);
-    // Stay until rank 0 has every byte (its arrival on the second phase
-    // follows its mbarrier wait): a CTA that exits with its asynchronous
-    // stores in flight gives up the registers they are read from.
-    ptx::cluster_arrive_relaxed();
-    ptx::cluster_wait_acquire();
+    // The sender may leave now, like any CTA whose last global stores are
+    // still in flight: st.async takes its data from registers when it issues,
+    // and the only shared memory written is rank 0's, which stays until its
+    // mbarrier has counted every byte. Leaving early matters: the CTA's
+    // registers go to the next CTA's weight loads instead of idling through
+    // rank 0's reduction (a second barrier phase here cost 0.9-1.6 us per
+    // call at tp 1-2, bench/NOTES.md).
     return;
   }
   // Rank 0: its own warps' partials (shared memory, this CTA), then every
   // remote partial (the mbarrier's transactions); then release the senders.
   __syncthreads();
   if (splits > 1) {
-    ptx::cluster_wait_acquire();  // completes this thread's first barrier phase
+    // Complete the one barrier phase this thread arrived at (a thread must
+    // not leave a phase unfinished; barrier.cluster waits only for threads
+    // that have not exited, so the senders that already left count as
+    // arrived), then wait for every remote byte.
+    ptx::cluster_wait_acquire();
     ptx::mbarrier_wait_parity(ptx::smem_addr(bar), 0);
-    ptx::cluster_arrive_relaxed();  // second phase: the senders may leave
   }
 
   // Thread j sums element j of every partial in warp order w = 0, 1, ...
@@ -224,7 +229,6 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW))
     y_tile[token * kUnpoolerTileN + row] = __float2bfloat16_rn(s);
   }
   __syncthreads();
-  if (splits > 1) ptx::cluster_wait_acquire();  // every thread completes the phase it arrived at
 
   // Thread (token, half): 8 features of one token, one 16-byte vector.
   if (threadIdx.x >= 2 * args.m) return;

@@ -39,13 +39,14 @@ struct ColdWeights {
   }
 };
 
-// x [16, K] random and out [16, H]: every unpooler call's activations.
+// x [16, K] random and out [16, N]: every call's activations, sized for
+// both the unpooler's shapes and the pooler's (tune --pooler-shapes).
 struct Activations {
-  DeviceMemory x{size_t{2} * kUnpoolerMaxM * kMuseSpark.pooled};
-  DeviceMemory out{size_t{2} * kUnpoolerMaxM * kMuseSpark.hidden};
-  Activations() { fill_random_bf16(x.get(), size_t{kUnpoolerMaxM} * kMuseSpark.pooled, 7); }
+  static constexpr int kWidth = std::max(kMuseSpark.hidden, kMuseSpark.pooled);
+  DeviceMemory x{size_t{2} * kUnpoolerMaxM * kWidth};
+  DeviceMemory out{size_t{2} * kUnpoolerMaxM * kWidth};
+  Activations() { fill_random_bf16(x.get(), size_t{kUnpoolerMaxM} * kWidth, 7); }
 };
-
 bool wanted(const std::vector<int>& filter, int v) {
   return filter.empty() || std::find(filter.begin(), filter.end(), v) != filter.end();
 }
@@ -115,11 +116,11 @@ std::string tune_unpooler(const UnpoolerBenchOptions& o) {
   report.hbm_read_TBps = measure_hbm_read_TBps();
   cudaStream_t stream;
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  const int k = kMuseSpark.pooled;
+  const int k = o.pooler_shapes ? kMuseSpark.hidden : kMuseSpark.pooled;
   Activations io;
   DeviceMemory &x = io.x, &out = io.out;
   for (int tp : o.tps) {
-    const int n = kMuseSpark.hidden / tp;
+    const int n = (o.pooler_shapes ? kMuseSpark.pooled : kMuseSpark.hidden) / tp;
     ColdWeights weights(n, k);
     const double floor = floor_us(size_t{2} * n * k, report.hbm_read_TBps);
     std::multimap<double, std::string> ranking;
@@ -161,7 +162,7 @@ std::string tune_unpooler(const UnpoolerBenchOptions& o) {
     }
   }
   CUDA_CHECK(cudaStreamDestroy(stream));
-  return report.write(o.out_dir, "unpooler_tune_" + report.date);
+  return report.write(o.out_dir, (o.pooler_shapes ? "unpooler_tune_pooler_shapes_" : "unpooler_tune_") + report.date);
 }
 
 void profile_unpooler(const UnpoolerBenchOptions& o) {

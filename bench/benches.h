@@ -13,6 +13,9 @@ struct UnpoolerBenchOptions {
   std::string out_dir;  // where the JSON and markdown go
   // tune / profile: only these launch-shape values (empty: all)
   std::vector<int> splits, kws, accs;
+  // tune: the pooler's GEMM shapes (N = P / tp, K = H, the Pooler's MMA
+  // engine) instead of the unpooler's (N = H / tp, K = P)
+  bool pooler_shapes = false;
 };
 
 // Ours (graph and pdl_chain) against the fastest cuBLASLt algorithm, per tp

@@ -100,12 +100,12 @@ const std::vector<UnpoolerTacticEntry>& unpooler_tactic_table() {
   // N = H / tp at K = P, for tp = 1, 2, 4, 8.
   // Chosen by `spark-decode tune unpooler` (every valid tactic, M = 1, 2, 4,
   // 8, 16, CUDA graphs over cold weights): the lowest mean time over M.
-  static const char* kMeasured = "H200, 2026-11-30, tune: lowest mean us over M 1..16";
+  static const char* kMeasured = "H200, 2026-12-01, unpooler_tune_2026-12-01: lowest mean us over M 1..16";
   static const std::vector<UnpoolerTacticEntry> table = {
-      {kMuseSpark.hidden / 1, kMuseSpark.pooled, make_tactic(4, 256, 1, 9), kMeasured},
-      {kMuseSpark.hidden / 2, kMuseSpark.pooled, make_tactic(4, 256, 1, 9), kMeasured},
-      {kMuseSpark.hidden / 4, kMuseSpark.pooled, make_tactic(2, 256, 2, 9), kMeasured},
-      {kMuseSpark.hidden / 8, kMuseSpark.pooled, make_tactic(2, 256, 2, 9), kMeasured},
+      {kMuseSpark.hidden / 1, kMuseSpark.pooled, make_tactic(4, 128, 1, 9), kMeasured},
+      {kMuseSpark.hidden / 2, kMuseSpark.pooled, make_tactic(2, 256, 1, 9), kMeasured},
+      {kMuseSpark.hidden / 4, kMuseSpark.pooled, make_tactic(2, 256, 1, 9), kMeasured},
+      {kMuseSpark.hidden / 8, kMuseSpark.pooled, make_tactic(1, 256, 1, 9), kMeasured},
   };
   return table;
 }

@@ -67,6 +67,8 @@ int main(int argc, char** argv) {
   auto* profile = app.add_subcommand("profile", "a few eager calls of one kernel, to run under ncu");
   profile->require_subcommand(1);
   auto* profile_unpooler = profile->add_subcommand("unpooler", "the unpooler at one tactic");
+  tune_unpooler->add_flag("--pooler-shapes", opts.pooler_shapes,
+                          "the pooler GEMM's shapes (N = P/tp, K = H) that the MMA engine serves");
   for (CLI::App* c : {tune_unpooler, profile_unpooler}) {
     c->add_option("--splits", opts.splits, "only these S")->delimiter(',');
     c->add_option("--kw", opts.kws, "only these kw")->delimiter(',');

@@ -97,15 +97,23 @@ UnpoolerTactic default_tactic(int n, int k) {
 }  // namespace
 
 const std::vector<UnpoolerTacticEntry>& unpooler_tactic_table() {
-  // N = H / tp at K = P, for tp = 1, 2, 4, 8.
+  // The unpooler's shapes: N = H / tp at K = P, for tp = 1, 2, 4, 8.
   // Chosen by `spark-decode tune unpooler` (every valid tactic, M = 1, 2, 4,
   // 8, 16, CUDA graphs over cold weights): the lowest mean time over M.
   static const char* kMeasured = "H200, 2026-12-01, unpooler_tune_2026-12-01: lowest mean us over M 1..16";
+  static const char* kMeasuredPooler =
+      "H200, 2026-12-01, unpooler_tune_pooler_shapes_2026-12-01: lowest mean us over M 4, 8, 16";
   static const std::vector<UnpoolerTacticEntry> table = {
       {kMuseSpark.hidden / 1, kMuseSpark.pooled, make_tactic(4, 128, 1, 9), kMeasured},
       {kMuseSpark.hidden / 2, kMuseSpark.pooled, make_tactic(2, 256, 1, 9), kMeasured},
       {kMuseSpark.hidden / 4, kMuseSpark.pooled, make_tactic(2, 256, 1, 9), kMeasured},
       {kMuseSpark.hidden / 8, kMuseSpark.pooled, make_tactic(1, 256, 1, 9), kMeasured},
+      // The pooler GEMM's shapes N = P / tp at K = H, which the Pooler's MMA
+      // engine serves from b = 4 on: `tune unpooler --pooler-shapes --m 4,8,16`.
+      {kMuseSpark.pooled / 1, kMuseSpark.hidden, make_tactic(8, 256, 1, 9), kMeasuredPooler},
+      {kMuseSpark.pooled / 2, kMuseSpark.hidden, make_tactic(2, 256, 4, 9), kMeasuredPooler},
+      {kMuseSpark.pooled / 4, kMuseSpark.hidden, make_tactic(2, 256, 4, 9), kMeasuredPooler},
+      {kMuseSpark.pooled / 8, kMuseSpark.hidden, make_tactic(2, 256, 1, 9), kMeasuredPooler},
   };
   return table;
 }

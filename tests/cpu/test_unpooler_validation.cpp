@@ -1,5 +1,6 @@
 // Every reason the Unpooler refuses a weight or a tactic, and the tactic
 // table, checked without a GPU.
+#include <algorithm>
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -98,7 +99,16 @@ TEST(UnpoolerValidation, TokenTilesMustCoverEveryM) {
 
 TEST(UnpoolerTactics, TableRowsAreValidAndDistinct) {
   const auto& table = sd::unpooler_tactic_table();
-  ASSERT_EQ(table.size(), 4u);
+  // Every tp's unpooler shape [H/tp, P] and pooler GEMM shape [P/tp, H]
+  // (the Pooler's MMA engine) has a measured row.
+  ASSERT_EQ(table.size(), 8u);
+  const auto listed = [&](int n, int k) {
+    return std::any_of(table.begin(), table.end(), [&](const auto& e) { return e.n == n && e.k == k; });
+  };
+  for (int tp : sd::kTensorParallelSizes) {
+    EXPECT_TRUE(listed(sd::kMuseSpark.hidden / tp, sd::kMuseSpark.pooled)) << "unpooler tp " << tp;
+    EXPECT_TRUE(listed(sd::kMuseSpark.pooled / tp, sd::kMuseSpark.hidden)) << "pooler tp " << tp;
+  }
   for (size_t i = 0; i < table.size(); ++i) {
     const auto& e = table[i];
     EXPECT_FALSE(sd::launch_unsupported(e.n, e.k, e.tactic)) << e.n << "x" << e.k;

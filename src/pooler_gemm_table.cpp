@@ -75,14 +75,17 @@ PoolerGemmChoice mma() {
   return c;
 }
 
-// Measured on an H200 (bench/results/pooler_2026-11-30.json, `bench pooler`,
-// PDL chain, b = 1, 4, 8, 16): the skinny GEMM streams best at b = 1 (up to
-// 92% of the read floor), its CUDA-core FMAs cost too much by b = 4 except at
-// tp 8, and the MMA engine wins from there on. b = 2, 3 and 5..7 follow the
-// nearest measured b below them.
+// Measured on an H200 (bench/results/pooler_tune_2026-12-01.json, `tune
+// pooler --b 1,2,3,4,6,8`, PDL chain as Pooler.run launches, the MMA engine at
+// its tactic-table rows): the skinny GEMM streams best at b = 1 (92% of the
+// read floor at tp 1) and still wins at b = 2 (b = 3 too at tp 8); from there
+// its CUDA-core FMAs and per-4-rows re-reads of x cost more than the MMA
+// engine's, which holds b = 4..16 (b = 5, 7 and 9..16 follow the measured b
+// around them: the MMA engine's time is flat in b).
 PoolerGemmChoice table_entry(int tp, int b) {
-  if (b <= 3) return skinny(512, 4, 2);
-  if (b <= 7 && tp == 8) return skinny(512, 2, 2);
+  if (b == 1) return skinny(512, 4, 2);
+  if (b == 2) return tp <= 2 ? skinny(512, 2, 2) : skinny(512, 4, 2);
+  if (b == 3 && tp == 8) return skinny(512, 2, 2);
   return mma();
 }
 
@@ -100,7 +103,7 @@ PoolerGemmChoice pooler_gemm_choice(int n, int k, int tp, int b) {
 
 std::string format_pooler_gemm_table() {
   std::ostringstream os;
-  os << "pooler GEMM (N = P/tp, K = H; by tp and b; H200 2026-11-30 at b = 1, 4, 8, 16):\n";
+  os << "pooler GEMM (N = P/tp, K = H; by tp and b; H200 2026-12-01 at b = 1, 2, 3, 4, 6, 8):\n";
   for (int tp : kTensorParallelSizes) {
     const int n = kMuseSpark.pooled / tp, k = kMuseSpark.hidden;
     os << "  tp " << tp << " N=" << n << " K=" << k << ":";

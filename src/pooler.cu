@@ -17,6 +17,17 @@ bool aligned(const void* p, int bytes) { return p != nullptr && reinterpret_cast
 
 size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
+// The rows b of an activation x: contiguous 16-byte aligned BF16 [b, hidden]
+// on the Pooler's device (checked; b itself is checked against the batches
+// by the call).
+int checked_rows(const TensorRef& x, int hidden, int device) {
+  SPARK_CHECK(x.ndim == 2 && x.shape[1] == hidden && x.dtype == DType::bf16 && x.is_contiguous() &&
+                  x.is_aligned(16) && x.device == device,
+              "pooler: x ", x.describe(), " must be contiguous 16-byte aligned BF16 [b, ", hidden, "] on cuda:",
+              device);
+  return static_cast<int>(x.shape[0]);
+}
+
 }  // namespace
 
 void gather_norm_nvfp4(LamportMailbox& mb, const void* norm_weight, const float* global_scale, float eps,
@@ -113,6 +124,7 @@ Pooler::Pooler(Group& group, int tp, int rank, int device, std::vector<PoolerLay
   go.enable_pdl = enable_pdl;
   go.batches = batches_;
   go.force = options.gemm;
+  go.mailbox = mailbox_.get();  // run() publishes from the GEMM's epilogue
   gemms_.reserve(layers_.size());
   for (const auto& layer : layers_) gemms_.emplace_back(layer.weight, tp, go);
   for (const auto& layer : layers_)
@@ -170,12 +182,7 @@ TensorRef Pooler::project(int layer, const void* x, int b, cudaStream_t stream) 
 }
 
 TensorRef Pooler::project(int layer, const TensorRef& x, cudaStream_t stream) {
-  const int b = x.ndim == 2 ? static_cast<int>(x.shape[0]) : 0;
-  SPARK_CHECK(x.ndim == 2 && x.shape[1] == hidden_ && x.dtype == DType::bf16 && x.is_contiguous() &&
-                  x.is_aligned(16) && x.device == device_,
-              "pooler: x ", x.describe(), " must be contiguous 16-byte aligned BF16 [b, ", hidden_, "] on cuda:",
-              device_);
-  return project(layer, x.data, b, stream);
+  return project(layer, x.data, checked_rows(x, hidden_, device_), stream);
 }
 
 void Pooler::publish(int b, cudaStream_t stream) {
@@ -208,17 +215,17 @@ PoolerOutput Pooler::gather(int layer, int b, cudaStream_t stream) {
   return out;
 }
 
+// project + publish + gather, with the publish done by the GEMM's epilogue
+// (PoolerGemm::run_publish: the same mailbox bytes and stage word as
+// publish(), one kernel fewer between this layer's GEMM and the next's).
 PoolerOutput Pooler::run(int layer, const void* x, int b, cudaStream_t stream) {
-  project(layer, x, b, stream);
-  publish(b, stream);
+  check_call(layer, b, "run");
+  gemms_[layer].run_publish(x, shard_, b, stream);
   return gather(layer, b, stream);
 }
 
 PoolerOutput Pooler::run(int layer, const TensorRef& x, cudaStream_t stream) {
-  project(layer, x, stream);
-  const int b = static_cast<int>(x.shape[0]);
-  publish(b, stream);
-  return gather(layer, b, stream);
+  return run(layer, x.data, checked_rows(x, hidden_, device_), stream);
 }
 
 void Pooler::warm_up(cudaStream_t stream) {

@@ -1,9 +1,13 @@
 // The pooler GEMM: kernel selection, validation and launch of the skinny
 // GEMM, and the engine choice per batch (skinny or the Unpooler's MMA engine).
+#include <algorithm>
+
 #include "cuda_utils.h"
 #include "kernels/common/launch.cuh"
 #include "kernels/pooler/skinny_gemm.cuh"
+#include "publish_target.cuh"
 #include "spark_decode/error.h"
+#include "spark_decode/mailbox.h"
 #include "spark_decode/pooler_gemm.h"
 #include "spark_decode/unpooler.h"
 
@@ -38,9 +42,10 @@ SkinnyFn skinny_kernel(const PoolerGemmShape& s, int m) {
 bool aligned16(const void* p) { return p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 void launch_skinny(const PoolerGemmShape& s, const void* w, const void* x, void* out, int n, int k, int m,
-                   cudaStream_t stream, bool enable_pdl) {
-  const kernels::PoolerGemmArgs args{static_cast<const __nv_bfloat16*>(w), static_cast<const __nv_bfloat16*>(x),
-                                     static_cast<__nv_bfloat16*>(out), n, k, m};
+                   cudaStream_t stream, bool enable_pdl, const LamportMailbox* publish_into = nullptr) {
+  kernels::PoolerGemmArgs args{static_cast<const __nv_bfloat16*>(w), static_cast<const __nv_bfloat16*>(x),
+                               static_cast<__nv_bfloat16*>(out), n, k, m, {}};
+  if (publish_into) args.publish = publish_target(*publish_into);
   kernels::LaunchShape shape;
   shape.grid = dim3(n / s.outputs_per_block);
   shape.block = dim3(s.block_size);
@@ -69,7 +74,7 @@ void skinny_gemm(const PoolerGemmShape& shape, const void* w, const void* x, voi
 }
 
 PoolerGemm::PoolerGemm(const TensorRef& weight, int tp, Options options)
-    : weight_(weight.data), device_(weight.device), enable_pdl_(options.enable_pdl) {
+    : weight_(weight.data), device_(weight.device), enable_pdl_(options.enable_pdl), mailbox_(options.mailbox) {
   SPARK_CHECK(weight.ndim == 2 && weight.dtype == DType::bf16 && weight.is_contiguous() &&
                   weight.is_aligned(16) && weight.data != nullptr,
               "pooler GEMM weight ", weight.describe(), ": needs a contiguous 16-byte aligned BF16 [N, K]");
@@ -93,6 +98,14 @@ PoolerGemm::PoolerGemm(const TensorRef& weight, int tp, Options options)
     }
     choice_[b - 1] = c;
   }
+  if (mailbox_) {
+    SPARK_CHECK(mailbox_->width() == n_ && mailbox_->device() == device_, "pooler GEMM: the mailbox (width ",
+                mailbox_->width(), ", cuda:", mailbox_->device(), ") must have width N = ", n_, " and live on cuda:",
+                device_);
+    const int most = *std::max_element(batches.begin(), batches.end());
+    SPARK_CHECK(most <= mailbox_->capacity(), "pooler GEMM: batch ", most, " exceeds the mailbox capacity ",
+                mailbox_->capacity());
+  }
   detail::require_sm90(device_, "the pooler GEMM");
   detail::DeviceGuard guard(device_);
   if (!mma_rows.empty()) {
@@ -101,6 +114,10 @@ PoolerGemm::PoolerGemm(const TensorRef& weight, int tp, Options options)
     uo.rows = mma_rows;
     if (auto reason = Unpooler::unsupported(weight)) throw InvalidArgument("pooler GEMM on the MMA engine: " + *reason);
     mma_ = std::make_unique<Unpooler>(weight, uo);
+    if (mailbox_) {
+      uo.mailbox = mailbox_;  // the zero-copy epilogue: same bytes as publish()
+      mma_publish_ = std::make_unique<Unpooler>(weight, uo);
+    }
   }
   // Load the skinny kernels now: never lazily under capture.
   for (int b : batches)
@@ -128,6 +145,17 @@ void PoolerGemm::run(const void* x, void* out, int m, cudaStream_t stream) const
     mma_->run(x, out, m, stream);
   else
     launch_skinny(c.shape, weight_, x, out, n_, k_, m, stream, enable_pdl_);
+}
+
+void PoolerGemm::run_publish(const void* x, void* out, int m, cudaStream_t stream) const {
+  SPARK_CHECK(mailbox_ != nullptr, "pooler GEMM: run_publish needs Options::mailbox");
+  const PoolerGemmChoice c = choice(m);
+  check_operands(weight_, x, out, n_, k_, m);
+  detail::require_current_device(device_, "the pooler GEMM");
+  if (c.engine == PoolerGemmEngine::mma)
+    mma_publish_->run(x, out, m, stream);
+  else
+    launch_skinny(c.shape, weight_, x, out, n_, k_, m, stream, enable_pdl_, mailbox_);
 }
 
 void PoolerGemm::run(const TensorRef& x, const TensorRef& out, cudaStream_t stream) const {

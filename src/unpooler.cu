@@ -4,6 +4,7 @@
 #include "cuda_utils.h"
 #include "kernels/common/launch.cuh"
 #include "kernels/unpooler/unpooler_kernel.cuh"
+#include "publish_target.cuh"
 #include "spark_decode/error.h"
 #include "spark_decode/mailbox.h"
 #include "spark_decode/unpooler.h"
@@ -152,14 +153,7 @@ void Unpooler::run(const void* x, void* out, int m, cudaStream_t stream) {
   kernels::UnpoolerArgs args{static_cast<const __nv_bfloat16*>(weight_),
                              static_cast<const __nv_bfloat16*>(x),
                              static_cast<__nv_bfloat16*>(out), n_, k_, m, {}};
-  if (mailbox_) {
-    kernels::UnpoolerPublish& p = args.publish;
-    p.mode = ticket_ ? kernels::UnpoolerPublish::kTicket : kernels::UnpoolerPublish::kStageWord;
-    p.rank = mailbox_->rank();
-    p.layout = mailbox::Layout{mailbox_->tp(), mailbox_->capacity(), mailbox_->width()};
-    for (int q = 0; q < mailbox_->tp(); ++q) p.copies[q] = static_cast<uint16_t*>(mailbox_->copies()[q]);
-    p.state = ticket_ ? ticket_ : mailbox_->stage_state();
-  }
+  if (mailbox_) args.publish = publish_target(*mailbox_, ticket_);
   kernels::launch(unpooler_kernel_for(tactic_.kw, tactic_.accs, tile),
                   launch_shape(n_, k_, tactic_, tile, enable_pdl_), stream, args);
 }

@@ -16,7 +16,9 @@
 //                           gather + norm bit for bit except the sign of
 //                           zero (publishers store BF16 -0.0 as +0.0, the
 //                           mailbox's sentinel being -0.0).
-//   run = project + publish + gather.
+//   run = project + publish + gather, the publish done by the GEMM's own
+//           epilogue (the same mailbox bytes and stage word as publish(),
+//           one kernel fewer: two kernels per call).
 // One mailbox serves every layer; every rank runs its calls in the same
 // order with the same b (see mailbox.h). Outputs are views of scratch that
 // the next call overwrites.

@@ -25,6 +25,13 @@
 // W is read before griddepcontrol.wait (programmatic dependent launch), x
 // after. run() may not allocate, synchronise or prepare a kernel; it is
 // CUDA-graph capturable (one kernel).
+//
+// Fused publish (Options::mailbox; what Pooler::run uses): run_publish()
+// also writes out into this rank's slot of every rank's copy of the mailbox
+// at its next stage, and sets the stage word: the same bytes and stage word
+// as run() followed by the mailbox's own publish(out, m), in one kernel
+// instead of two. The mailbox must have width N, capacity >= every prepared
+// batch, and live on W's device; it must outlive the PoolerGemm.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -38,6 +45,7 @@
 
 namespace spark_decode {
 
+class LamportMailbox;
 class Unpooler;
 
 inline constexpr int kPoolerMaxBatch = 16;
@@ -82,6 +90,8 @@ class PoolerGemm {
     std::vector<int> batches;
     // Every batch on this engine/shape instead of the table's choice.
     std::optional<PoolerGemmChoice> force;
+    // The mailbox run_publish() publishes into (not owned), or none.
+    LamportMailbox* mailbox = nullptr;
   };
 
   // weight: a view that must outlive the PoolerGemm; tp only keys the table.
@@ -93,6 +103,8 @@ class PoolerGemm {
 
   void run(const void* x, void* out, int m, cudaStream_t stream) const;
   void run(const TensorRef& x, const TensorRef& out, cudaStream_t stream) const;
+  // run(), publishing out into Options::mailbox in the same kernel (see above).
+  void run_publish(const void* x, void* out, int m, cudaStream_t stream) const;
 
   // The engine that serves batch m (m must be prepared).
   PoolerGemmChoice choice(int m) const;
@@ -106,6 +118,8 @@ class PoolerGemm {
   bool enable_pdl_ = true;
   std::vector<std::optional<PoolerGemmChoice>> choice_;  // by m - 1
   std::unique_ptr<Unpooler> mma_;
+  LamportMailbox* mailbox_ = nullptr;
+  std::unique_ptr<Unpooler> mma_publish_;  // the MMA engine publishing into mailbox_
 };
 
 // One launch of the skinny GEMM at `shape` (validated; for benchmarks and

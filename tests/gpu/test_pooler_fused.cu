@@ -3,11 +3,18 @@
 // blocks, bit for bit, over 102,400 random rows of several distributions and
 // global scales, at tp 1 (one GPU), tp 2 (two GPUs) and tp 4 (four ranks on
 // two GPUs); and the BF16 edge consumer (plain gather, then ExpertNorm)
-// against the stock gather + norm, equal except the sign of zero.
+// against the stock gather + norm, equal except the sign of zero. And the
+// pooler GEMM's fused publish (what Pooler::run launches) against its plain
+// run followed by the mailbox's own publish, byte for byte.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <vector>
+#include <string>
+#include <random>
+#include <optional>
+#include <algorithm>
 #include <cstring>
 
 #include "pooler_test_util.h"
@@ -16,6 +23,7 @@
 #include "spark_decode/model_shape.h"
 #include "spark_decode/nvfp4.h"
 #include "spark_decode/pooler.h"
+#include "spark_decode/pooler_gemm.h"
 
 namespace sd = spark_decode;
 using namespace sd::testing;
@@ -167,7 +175,119 @@ void edge_equals_stock_but_sign_of_zero(sd::Group& group, int device, uint64_t s
   mb.barrier();
 }
 
+template <typename Fn>
+bool throws_invalid(Fn fn) {
+  try {
+    fn();
+  } catch (const sd::InvalidArgument&) {
+    return true;
+  }
+  return false;
+}
+
+// PoolerGemm::run_publish vs run + LamportMailbox::publish on a second
+// mailbox with the same history, for the table's engines and every forced
+// one, every b in 1..16 (one shuffled order on all ranks), at the model's
+// shard [P/tp, H]: the same out, the same bytes in the whole mailbox
+// allocation (data, stage words, guards), and the same gathered rows, whose
+// own block is out with -0.0 as +0.0.
+void gemm_publish_equals_run_plus_publish(sd::Group& group, int device, uint64_t seed) {
+  const int tp = group.size(), rank = group.rank(), M = sd::kPoolerMaxBatch;
+  const int n = sd::kMuseSpark.pooled / tp, k = sd::kMuseSpark.hidden;
+  std::mt19937_64 gen(seed * 31 + rank);
+  const auto w = random_bf16(size_t(n) * k, Dist::scaled, -4, gen);
+  const auto x = random_bf16(size_t(M) * k, Dist::specials, 0, gen);  // -0.0, NaN, Inf, subnormals
+  DeviceBuffer dw(w.size() * 2), dx(x.size() * 2);
+  dw.upload(w.data(), w.size() * 2);
+  dx.upload(x.data(), x.size() * 2);
+  GuardedBuffer out_a(size_t(M) * n * 2), out_b(size_t(M) * n * 2);
+  GuardedBuffer rows_a(size_t(M) * n * tp * 2), rows_b(size_t(M) * n * tp * 2);
+  const auto weight = sd::TensorRef::contiguous(dw.get(), sd::DType::bf16, {n, k}, device);
+  sd::PoolerGemmChoice mma;
+  mma.engine = sd::PoolerGemmEngine::mma;
+  std::vector<std::optional<sd::PoolerGemmChoice>> engines = {std::nullopt, mma};
+  for (const auto& sh : sd::pooler_gemm_shapes()) engines.push_back(sd::PoolerGemmChoice{sd::PoolerGemmEngine::skinny, sh});
+  std::vector<int> order;
+  for (int b = 1; b <= M; ++b) order.push_back(b);
+  std::shuffle(order.begin(), order.end(), std::mt19937_64(seed));
+  {
+    // Refused before anything launches: a mailbox of another width, one too
+    // small for a prepared batch, and run_publish without a mailbox.
+    sd::LamportMailbox narrow(group, tp, rank, M, n / 2, device), small(group, tp, rank, 4, n, device);
+    sd::PoolerGemm::Options o;
+    o.mailbox = &narrow;
+    POOLER_REQUIRE(throws_invalid([&] { sd::PoolerGemm(weight, tp, o); }), "a mailbox of width N/2 was accepted");
+    o.mailbox = &small;
+    POOLER_REQUIRE(throws_invalid([&] { sd::PoolerGemm(weight, tp, o); }), "batch 16 > capacity 4 was accepted");
+    o.batches = {1, 4};
+    sd::PoolerGemm fits(weight, tp, o);  // batches within the capacity: fine
+    sd::PoolerGemm none(weight, tp);
+    POOLER_REQUIRE(throws_invalid([&] { none.run_publish(dx.get(), out_a.get(), 1, nullptr); }),
+                   "run_publish without a mailbox was accepted");
+  }
+  cudaStream_t stream;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (const auto& engine : engines) {
+    const std::string what = engine ? engine->to_string() : std::string("table");
+    sd::LamportMailbox a(group, tp, rank, M, n, device), b(group, tp, rank, M, n, device);
+    sd::PoolerGemm::Options fo, po;
+    fo.force = po.force = engine;
+    fo.mailbox = &a;
+    sd::PoolerGemm fused(weight, tp, fo), plain(weight, tp, po);
+    for (int m : order) {
+      poison_bf16(out_a);
+      poison_bf16(out_b);
+      fused.run_publish(dx.get(), out_a.get(), m, stream);
+      plain.run(dx.get(), out_b.get(), m, stream);
+      b.publish(out_b.get(), m, stream);
+      a.synchronize(stream);
+      group.barrier();  // every rank has published into every copy
+      std::vector<uint16_t> ya(size_t(M) * n), yb(size_t(M) * n);
+      out_a.download(ya.data(), ya.size() * 2);
+      out_b.download(yb.data(), yb.size() * 2);
+      POOLER_REQUIRE(ya == yb, what, " m ", m, ": out differs from the plain run");
+      POOLER_REQUIRE(out_a.check_guards().empty(), what, " m ", m, ": out guards ", out_a.check_guards());
+      const auto bytes_a = download<uint8_t>(a.memory().local(), a.memory().bytes());
+      const auto bytes_b = download<uint8_t>(b.memory().local(), b.memory().bytes());
+      POOLER_REQUIRE(bytes_a == bytes_b, what, " m ", m, ": mailbox bytes (data, stage words or guards) differ from publish()'s");
+      group.barrier();  // nobody gathers (and clears) before every rank compared
+      poison_bf16(rows_a);
+      poison_bf16(rows_b);
+      a.gather(rows_a.get(), m, stream);
+      b.gather(rows_b.get(), m, stream);
+      a.synchronize(stream);
+      std::vector<uint16_t> ra(size_t(m) * n * tp), rb(size_t(m) * n * tp);
+      rows_a.download(ra.data(), ra.size() * 2);
+      rows_b.download(rb.data(), rb.size() * 2);
+      POOLER_REQUIRE(ra == rb, what, " m ", m, ": gathered rows differ");
+      for (int r = 0; r < m; ++r)
+        for (int c = 0; c < n; ++c) {
+          const uint16_t y = ya[size_t(r) * n + c], got = ra[(size_t(r) * tp + rank) * n + c];
+          POOLER_REQUIRE(got == (y == sd::kBf16NegativeZero ? 0 : y), what, " m ", m, " row ", r, " col ", c,
+                         ": gathered ", got, " for out ", y);
+        }
+      group.barrier();
+    }
+  }
+  CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
 }  // namespace
+
+TEST(PoolerGemmPublish, FusedEqualsRunPlusPublishOneGpu) {
+  SKIP_WITHOUT_GPU(1);
+  const uint64_t seed = fresh_seed("gemm publish tp1");
+  for (const auto& f : run_on_gpus(1, [&](sd::Group& g, int d) { gemm_publish_equals_run_plus_publish(g, d, seed); }))
+    ADD_FAILURE() << f;
+}
+
+TEST(PoolerGemmPublish, FusedEqualsRunPlusPublishTwoGpus) {
+  const std::string why = peer_gpus_unavailable_reason(2);
+  if (!why.empty()) GTEST_SKIP() << why;
+  const uint64_t seed = fresh_seed("gemm publish tp2");
+  for (const auto& f : run_on_gpus(2, [&](sd::Group& g, int d) { gemm_publish_equals_run_plus_publish(g, d, seed); }))
+    ADD_FAILURE() << f;
+}
 
 TEST(PoolerFused, EqualsStockBitForBitOneGpu) {
   SKIP_WITHOUT_GPU(1);

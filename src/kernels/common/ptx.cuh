@@ -105,6 +105,12 @@ __device__ __forceinline__ void st_volatile_v4(void* ptr, uint4 v) {
                : "memory");
 }
 
+// 2 bytes (one BF16 lane) to (possibly peer) global memory: a poller tests
+// every lane on its own, so a lane may arrive apart from its neighbours.
+__device__ __forceinline__ void st_volatile_u16(void* ptr, uint16_t v) {
+  asm volatile("st.volatile.global.u16 [%0], %1;" ::"l"(ptr), "h"(v) : "memory");
+}
+
 __device__ __forceinline__ void st_v4(void* ptr, uint4 v) {
   asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};" ::"l"(ptr), "r"(v.x), "r"(v.y),
                "r"(v.z), "r"(v.w)

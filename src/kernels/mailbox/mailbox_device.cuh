@@ -17,11 +17,12 @@
 //      kernel boundary via griddepcontrol.wait.
 //   3. Publisher on rank q to consumer on rank r: no fence, no flag. The
 //      data is the flag (Lamport): each 16-byte vector is polled until no
-//      BF16 lane holds the sentinel, and every 32-bit word is single-copy
-//      atomic (ptx::ld_volatile_v4 / st_volatile_v4), so a lane is either
-//      the sentinel or its final value; each lane is checked on its own, so
-//      vectors torn between words are harmless. The consumer reads nothing
-//      else of the publisher's.
+//      BF16 lane holds the sentinel, and every store and load is single-copy
+//      atomic at its own size (ptx::ld_volatile_v4 per 32-bit word;
+//      st_volatile_v4 per word, st_volatile_u16 per lane), so a lane is
+//      either the sentinel or its final value; each lane is checked on its
+//      own, so vectors torn between words or lanes are harmless. The
+//      consumer reads nothing else of the publisher's.
 //   4. Polling loads are volatile (relaxed, system scope): they bypass L1
 //      and go to L2 every time, where a peer's NVLink store lands. A weak
 //      load could be served from a stale L1 line forever.
@@ -72,6 +73,43 @@ __device__ __forceinline__ void advance(int32_t* state, uint32_t active_word, in
 
 // ---- publishing ----------------------------------------------------------------
 
+// Where a kernel that is not the mailbox's own publisher publishes its
+// output: the Unpooler's zero-copy epilogue and the pooler GEMM's (SPEC
+// §2.5). They store exactly what the mailbox's publisher would: the same
+// lanes (-0.0 as +0.0) into this rank's slot of every copy, at the stage NEXT
+// names, and ACTIVE = NEXT; with a ticket, at the ticket's stage and no stage
+// word.
+struct PublishTarget {
+  enum Mode : int { kNone = 0, kStageWord = 1, kTicket = 2 };
+  int mode = kNone;
+  int rank = 0;
+  Layout layout;
+  uint16_t* copies[mailbox::kMaxRanks] = {};  // every rank's copy, as this device addresses it
+  // kStageWord: the mailbox's stage state (NEXT read, ACTIVE written);
+  // kTicket: the ticket, stage in its upper 16 bits.
+  int32_t* state = nullptr;
+};
+
+// The stage a publishing kernel writes; call after griddepcontrol.wait
+// (ordering 1: the previous consumer's NEXT and clears are then visible).
+// `write_active`: this thread also sets ACTIVE (idempotent; its reader, the
+// consumer, runs in a later grid). A ticket naming no stage traps: it would
+// send the stores outside every copy's slots.
+__device__ __forceinline__ uint32_t publish_stage(const PublishTarget& p, bool write_active) {
+  if (p.mode == PublishTarget::kStageWord) {
+    const uint32_t next = read_next(p.state);
+    if (write_active) set_active(p.state, next);
+    return mailbox::word_stage(next);
+  }
+  const uint32_t stage =
+      mailbox::word_stage(ptx::ld_relaxed_sys_u32(reinterpret_cast<const uint32_t*>(p.state)));
+  if (stage >= static_cast<uint32_t>(mailbox::kStages)) {
+    printf("spark-decode: ticket stage %u is not a mailbox stage; trapping\n", stage);
+    __trap();
+  }
+  return stage;
+}
+
 // A 16-byte vector as it is published: -0.0 lanes become +0.0.
 __device__ __forceinline__ uint4 publish_vec(uint4 v) {
   v.x = mailbox::publish_pair(v.x);
@@ -94,6 +132,19 @@ __device__ __forceinline__ void store_to_all(uint16_t* const (&copies)[mailbox::
 #pragma unroll
   for (int q = 0; q < mailbox::kMaxRanks; ++q)
     if (q == rank) ptx::st_volatile_v4(copies[q] + offset, v);
+}
+
+// One published BF16 lane (-0.0 as +0.0) at element offset `offset` of
+// every rank's copy, peers first.
+__device__ __forceinline__ void store_lane_to_all(uint16_t* const (&copies)[mailbox::kMaxRanks], int tp,
+                                                  int rank, int64_t offset, uint16_t lane) {
+  const uint16_t v = mailbox::publish_bits(lane);
+#pragma unroll
+  for (int q = 0; q < mailbox::kMaxRanks; ++q)
+    if (q < tp && q != rank) ptx::st_volatile_u16(copies[q] + offset, v);
+#pragma unroll
+  for (int q = 0; q < mailbox::kMaxRanks; ++q)
+    if (q == rank) ptx::st_volatile_u16(copies[q] + offset, v);
 }
 
 // ---- consuming -------------------------------------------------------------------

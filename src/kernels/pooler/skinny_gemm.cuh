@@ -29,6 +29,7 @@
 #include <cstdint>
 
 #include "kernels/common/ptx.cuh"
+#include "kernels/mailbox/mailbox_device.cuh"
 
 namespace spark_decode::kernels {
 
@@ -37,6 +38,10 @@ struct PoolerGemmArgs {
   const __nv_bfloat16* x;  // [m, k]
   __nv_bfloat16* out;      // [m, n]
   int n, k, m;
+  // The fused publish (Pooler::run): out also goes into this rank's slot of
+  // the pooler's mailbox, as its own publish kernel would put it. kNone: out
+  // only.
+  mailbox_dev::PublishTarget publish;
 };
 
 namespace skinny {
@@ -115,6 +120,11 @@ __global__ void __launch_bounds__(kBlock) skinny_gemm_kernel(const PoolerGemmArg
   // x comes from the previous grid.
   ptx::griddep_wait();
   ptx::griddep_launch_dependents();
+  // The fused publish's stage, read after the wait as the mailbox's own
+  // publisher reads it, and now, so that its latency hides under the loads.
+  const bool publishing = a.publish.mode != mailbox_dev::PublishTarget::kNone;
+  uint32_t stage = 0;
+  if (publishing && t < kValues) stage = mailbox_dev::publish_stage(a.publish, t == 0);
 
   float acc[kOpb][kRows];
 #pragma unroll
@@ -168,7 +178,14 @@ __global__ void __launch_bounds__(kBlock) skinny_gemm_kernel(const PoolerGemmArg
       float s = partial[0][t];
 #pragma unroll
       for (int wi = 1; wi < kWarps; ++wi) s = __fadd_rn(s, partial[wi][t]);
-      a.out[int64_t(r) * a.n + n0 + o] = __float2bfloat16_rn(s);
+      const __nv_bfloat16 y = __float2bfloat16_rn(s);
+      a.out[int64_t(r) * a.n + n0 + o] = y;
+      // One lane per thread: a peer's poller checks lanes one by one, so the
+      // kOpb lanes of a row need not travel together.
+      if (publishing)
+        mailbox_dev::store_lane_to_all(a.publish.copies, a.publish.layout.tp, a.publish.rank,
+                                       a.publish.layout.offset(stage, a.publish.rank, r, n0 + o),
+                                       __bfloat16_as_ushort(y));
     }
   }
 }

@@ -35,25 +35,12 @@
 
 namespace spark_decode::kernels {
 
-// Where the zero-copy epilogue publishes y (SPEC §2.5): the next boundary's
-// mailbox, width N. mode kNone: y is only stored.
-struct UnpoolerPublish {
-  enum Mode : int { kNone = 0, kStageWord = 1, kTicket = 2 };
-  int mode = kNone;
-  int rank = 0;
-  mailbox::Layout layout;
-  uint16_t* copies[mailbox::kMaxRanks] = {};  // every rank's copy, as this device addresses it
-  // kStageWord: the mailbox's stage state (NEXT read, ACTIVE written, as its
-  // own publisher does); kTicket: the ticket, stage in its upper 16 bits.
-  int32_t* state = nullptr;
-};
-
 struct UnpoolerArgs {
   const __nv_bfloat16* w;  // [N, K]
   const __nv_bfloat16* x;  // [m, K]
   __nv_bfloat16* out;      // [m, N]
   int n, k, m;
-  UnpoolerPublish publish;
+  mailbox_dev::PublishTarget publish;  // the zero-copy epilogue's (SPEC §2.5); mode kNone: y only stored
 };
 
 __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
@@ -120,23 +107,10 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW))
   // loads instead of adding to the CTA's tail. Only warp 0 of rank 0
   // publishes (2m <= 32 threads). ACTIVE may be written this early: its
   // reader, the consumer, runs in a later grid.
-  const UnpoolerPublish& pub = args.publish;
+  const mailbox_dev::PublishTarget& pub = args.publish;
   uint32_t stage = 0;
-  if (pub.mode != UnpoolerPublish::kNone && split == 0 && warp == 0) {
-    if (pub.mode == UnpoolerPublish::kStageWord) {
-      const uint32_t next = mailbox_dev::read_next(pub.state);
-      if (lane == 0) mailbox_dev::set_active(pub.state, next);
-      stage = mailbox::word_stage(next);
-    } else {
-      stage = mailbox::word_stage(ptx::ld_relaxed_sys_u32(reinterpret_cast<const uint32_t*>(pub.state)));
-      // A ticket names the stage; any other value would send the epilogue's
-      // stores outside every copy's slots.
-      if (stage >= static_cast<uint32_t>(mailbox::kStages)) {
-        if (lane == 0) printf("spark-decode unpooler: ticket stage %u is not a mailbox stage; trapping\n", stage);
-        __trap();
-      }
-    }
-  }
+  if (pub.mode != mailbox_dev::PublishTarget::kNone && split == 0 && warp == 0)
+    stage = mailbox_dev::publish_stage(pub, lane == 0);
 
   float acc[ACCS][kNt][4];
 #pragma unroll
@@ -235,7 +209,7 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW))
   const int token = threadIdx.x >> 1, col = feature0 + (threadIdx.x & 1) * 8;
   const uint4 y = *reinterpret_cast<const uint4*>(y_tile + threadIdx.x * 8);
   *reinterpret_cast<uint4*>(args.out + static_cast<size_t>(token) * args.n + col) = y;
-  if (pub.mode == UnpoolerPublish::kNone) return;
+  if (pub.mode == mailbox_dev::PublishTarget::kNone) return;
   // Zero-copy publish: exactly what the mailbox's own publisher stores (the
   // same vectors, -0.0 as +0.0, into this rank's slot of every copy at the
   // stage NEXT named; with a ticket, the ticket's stage).

@@ -25,7 +25,7 @@ __global__ void mailbox_publish_kernel(const MailboxPublishArgs a) {
   ptx::griddep_wait();
   ptx::griddep_launch_dependents();
   const uint32_t next = mailbox_dev::read_next(a.state);
-  if (threadIdx.x == 0) mailbox_dev::set_active(a.state, next);
+  if (threadIdx.x == 0 && blockIdx.x == 0) mailbox_dev::set_active(a.state, next);
 
   const int vecs = a.layout.row_vecs();
   const int v = blockIdx.x * blockDim.x + threadIdx.x;
@@ -56,7 +56,7 @@ __global__ void mailbox_gather_kernel(const MailboxGatherArgs a) {
   ptx::griddep_wait();
   ptx::griddep_launch_dependents();
   const uint32_t active = mailbox_dev::read_active(a.state);
-  if (threadIdx.x == 0) mailbox_dev::advance(a.state, active, a.b);
+  if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0) mailbox_dev::advance(a.state, active, a.b);
 
   const int vecs = a.layout.row_vecs();
   const int row = blockIdx.x;

@@ -51,7 +51,7 @@ __global__ void norm_quant_gather_kernel(const NormQuantGatherArgs a) {
   const float global_scale = *a.global_scale;
   ptx::griddep_launch_dependents();
   const uint32_t active = mailbox_dev::read_active(a.state);
-  if (t == 0) mailbox_dev::advance(a.state, active, a.b);
+  if (t == 0 && row == 0) mailbox_dev::advance(a.state, active, a.b);
   const int stage = mailbox::word_stage(active);
 
   const uint4 v0 = mailbox_dev::poll_vec(a.local + a.layout.offset(stage, source, row, col), a.spin, stage,

@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(kBlock) skinny_gemm_kernel(const PoolerGemmArg
   // publisher reads it, and now, so that its latency hides under the loads.
   const bool publishing = a.publish.mode != mailbox_dev::PublishTarget::kNone;
   uint32_t stage = 0;
-  if (publishing && t < kValues) stage = mailbox_dev::publish_stage(a.publish, t == 0);
+  if (publishing && t < kValues) stage = mailbox_dev::publish_stage(a.publish, t == 0 && blockIdx.x == 0);
 
   float acc[kOpb][kRows];
 #pragma unroll

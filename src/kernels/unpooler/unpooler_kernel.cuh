@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW))
   const mailbox_dev::PublishTarget& pub = args.publish;
   uint32_t stage = 0;
   if (pub.mode != mailbox_dev::PublishTarget::kNone && split == 0 && warp == 0)
-    stage = mailbox_dev::publish_stage(pub, lane == 0);
+    stage = mailbox_dev::publish_stage(pub, lane == 0 && blockIdx.x == 0);
 
   float acc[ACCS][kNt][4];
 #pragma unroll

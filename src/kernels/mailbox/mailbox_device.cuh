@@ -30,6 +30,15 @@
 //      relaxed system-scope stores: their readers run in later grids (1, 2).
 //      One thread of a grid writes each (any number would write the same
 //      value, but stores from every CTA to one word serialise in L2).
+//   6. Consumers call griddepcontrol.launch_dependents before their wait, so
+//      the next grid (typically the next layer's GEMM) launches as soon as
+//      the consumer does and streams its weights into the slots the
+//      previous GEMM frees. That grid may then run while the grid before
+//      the consumer still does, so everything in 1-5 rests on each kernel
+//      touching the mailbox only after its own griddepcontrol.wait, which
+//      returns after the grid before it completed, and that one only after
+//      its own wait: completion is ordered along the stream even when
+//      launches overlap. No publishing store precedes its kernel's wait.
 #pragma once
 
 #include <cuda_bf16.h>

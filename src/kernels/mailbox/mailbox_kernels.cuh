@@ -52,9 +52,10 @@ struct MailboxGatherArgs {
 // source f / (width / 8). It polls them, stores them, and clears its columns
 // of the previous call's rows i, i + b, ...
 __global__ void mailbox_gather_kernel(const MailboxGatherArgs a) {
-  // ACTIVE comes from this call's publisher.
-  ptx::griddep_wait();
+  // The next grid may launch now (mailbox_device.cuh, ordering 6); ACTIVE
+  // comes from this call's publisher.
   ptx::griddep_launch_dependents();
+  ptx::griddep_wait();
   const uint32_t active = mailbox_dev::read_active(a.state);
   if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0) mailbox_dev::advance(a.state, active, a.b);
 

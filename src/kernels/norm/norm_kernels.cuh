@@ -31,8 +31,12 @@ __global__ void expert_norm_kernel(const ExpertNormArgs a) {
   float w[16], x[16], y[16];
   nvfp4::bf16x8_to_float(ptx::ld_v4(a.weight + 16 * t), w);
   nvfp4::bf16x8_to_float(ptx::ld_v4(a.weight + 16 * t + 8), w + 8);
-  ptx::griddep_wait();
+  // A small kernel between two GEMMs (the Pooler's edge layers): let the next
+  // grid launch now and stream its weights while this one waits; it reads
+  // nothing of ours before its own griddepcontrol.wait, which returns after
+  // this grid completes.
   ptx::griddep_launch_dependents();
+  ptx::griddep_wait();
   const __nv_bfloat16* xr = a.x + int64_t(row) * a.cols + 16 * t;
   nvfp4::bf16x8_to_float(ptx::ld_v4(xr), x);
   nvfp4::bf16x8_to_float(ptx::ld_v4(xr + 8), x + 8);

@@ -44,12 +44,14 @@ __global__ void norm_quant_gather_kernel(const NormQuantGatherArgs a) {
   nvfp4::bf16x8_to_float(ptx::ld_v4(a.weight + 16 * t), w);
   nvfp4::bf16x8_to_float(ptx::ld_v4(a.weight + 16 * t + 8), w + 8);
 
+  // The next grid (the next layer's GEMM) may launch now and stream its
+  // weights while this one waits (mailbox_device.cuh, ordering 6).
+  ptx::griddep_launch_dependents();
   // ACTIVE comes from this call's publisher. The global scale is read after
   // the wait, as the stock quantize kernel reads it: a scale some earlier
   // kernel computes is then seen alike by both paths.
   ptx::griddep_wait();
   const float global_scale = *a.global_scale;
-  ptx::griddep_launch_dependents();
   const uint32_t active = mailbox_dev::read_active(a.state);
   if (t == 0 && row == 0) mailbox_dev::advance(a.state, active, a.b);
   const int stage = mailbox::word_stage(active);

@@ -289,6 +289,16 @@ TEST(PoolerGemmPublish, FusedEqualsRunPlusPublishTwoGpus) {
     ADD_FAILURE() << f;
 }
 
+// Two ranks sharing one GPU: the tp-2 stores (2-byte lanes into the peer's
+// copy) where no second GPU is lent; host barriers separate publish and gather.
+TEST(PoolerGemmPublish, FusedEqualsRunPlusPublishTwoRanksOnOneGpu) {
+  SKIP_WITHOUT_GPU(1);
+  const uint64_t seed = fresh_seed("gemm publish tp2 one gpu");
+  for (const auto& f :
+       run_on_gpus(2, [&](sd::Group& g, int d) { gemm_publish_equals_run_plus_publish(g, d, seed); }, 1))
+    ADD_FAILURE() << f;
+}
+
 TEST(PoolerFused, EqualsStockBitForBitOneGpu) {
   SKIP_WITHOUT_GPU(1);
   const uint64_t seed = fresh_seed("fused tp1");

@@ -6,6 +6,11 @@
 // ranks on one GPU share its bandwidth and SMs. The zero-copy test is opt-in
 // (gpu_test_util.h: shared_gpu_heavy_reason): on two H200s it timed out
 // after several correct calls, ranks starving each other's kernels.
+//
+// Where only one GPU is lent, tp 2 runs as two ranks on it (Tp2OnOneGpu): the
+// multi-rank paths (stores into two copies, two sources per row, the stage
+// words of two ranks) on one device, with host barriers between the
+// zero-copy steps so that no rank spins on a peer that cannot be scheduled.
 #include <gtest/gtest.h>
 
 #include "mailbox_test_bodies.h"
@@ -59,4 +64,18 @@ TEST(SharedGpus, ZeroCopyUnpoolerAtTp4AndTp8) {
         },
         kGpus));
   }
+}
+
+TEST(SharedGpus, Tp2OnOneGpu) {
+  SKIP_WITHOUT_GPU(1);
+  const uint64_t seed = rng()();
+  const int width = sd::kMuseSpark.pooled / 2;
+  expect_no_failures(run_on_gpus(
+      2,
+      [&](sd::Group& g, int device) {
+        mailbox_tests::payloads_arrive_bit_for_bit(g, device, width, seed);
+        mailbox_tests::many_calls_random_rows(g, device, width, 2000, seed);
+        publish_tests::zero_copy_equals_publish(g, sd::kMuseSpark.hidden / 2, sd::kMuseSpark.pooled, seed);
+      },
+      /*devices=*/1));
 }

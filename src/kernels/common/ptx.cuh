@@ -117,10 +117,6 @@ __device__ __forceinline__ void st_v4(void* ptr, uint4 v) {
                : "memory");
 }
 
-// Orders this thread's earlier memory operations before its later ones for
-// every observer on this GPU (waits for earlier stores to be performed).
-__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
-
 // Orders this thread's earlier memory accesses before its later ones as
 // seen from every GPU and the host.
 __device__ __forceinline__ void fence_acq_rel_sys() {

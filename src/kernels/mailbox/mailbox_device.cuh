@@ -39,14 +39,6 @@
 //      returns after the grid before it completed, and that one only after
 //      its own wait: completion is ordered along the stream even when
 //      launches overlap. No publishing store precedes its kernel's wait.
-//   7. The fused NVFP4 consumer reads ACTIVE and polls its row before its
-//      wait: the publisher's one ACTIVE writer stores and fences it, and its
-//      CTA passes a __syncthreads, before that CTA lets dependents launch.
-//      That is causality in practice, not in the PTX model, so the consumer
-//      re-reads ACTIVE after the wait, where 2 guarantees it, and redoes the
-//      poll if the early value differed. The early poll is bounded and
-//      writes nothing: a stale stage costs time, never data. Clears and NEXT
-//      are written only after the wait, with the verified stage.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -78,13 +70,6 @@ __device__ __forceinline__ uint32_t read_next(const int32_t* state) {
 // (see publish_stage).
 __device__ __forceinline__ void set_active(int32_t* state, uint32_t next_word) {
   ptx::st_relaxed_sys_u32(reinterpret_cast<uint32_t*>(state) + mailbox::kActiveWord, next_word);
-}
-// Publisher: ACTIVE = NEXT, stored and fenced, so that once this thread's CTA
-// lets dependents launch (after a __syncthreads), a consumer launched then
-// reads it before its own wait (ordering 7). One thread of the grid.
-__device__ __forceinline__ void publish_active(int32_t* state, uint32_t next_word) {
-  set_active(state, next_word);
-  ptx::fence_acq_rel_gpu();
 }
 // Consumer: the stage this call reads and the rows of the call before
 // (after griddepcontrol.wait).
@@ -128,7 +113,7 @@ struct PublishTarget {
 __device__ __forceinline__ uint32_t publish_stage(const PublishTarget& p, bool write_active) {
   if (p.mode == PublishTarget::kStageWord) {
     const uint32_t next = read_next(p.state);
-    if (write_active) publish_active(p.state, next);
+    if (write_active) set_active(p.state, next);
     return mailbox::word_stage(next);
   }
   const uint32_t stage =
@@ -208,21 +193,6 @@ __device__ __forceinline__ uint4 poll_vec(const uint16_t* ptr, const SpinLimit& 
     if (!vec_has_sentinel(v)) return v;
     if (ptx::globaltimer_ns() - start > limit.timeout_ns) spin_timeout(limit, stage, source, row);
   }
-}
-
-// poll_vec with a budget and no timeout report: true and the vector once no
-// lane holds the sentinel, false after `budget_ns` (the caller falls back to
-// poll_vec). For consumers that start polling before their wait, on a stage
-// they verify after it.
-__device__ __forceinline__ bool poll_vec_for(const uint16_t* ptr, uint64_t budget_ns, uint4& out) {
-  out = ptx::ld_volatile_v4(ptr);
-  if (!vec_has_sentinel(out)) return true;
-  const uint64_t start = ptx::globaltimer_ns();
-  do {
-    out = ptx::ld_volatile_v4(ptr);
-    if (!vec_has_sentinel(out)) return true;
-  } while (ptx::globaltimer_ns() - start < budget_ns);
-  return false;
 }
 
 // Restores the sentinel in this rank's own copy for stage `stage`, source

@@ -23,12 +23,9 @@ __global__ void mailbox_publish_kernel(const MailboxPublishArgs a) {
   // The source rows come from the previous grid and NEXT from the previous
   // consumer: nothing may be read before this.
   ptx::griddep_wait();
-  const uint32_t next = mailbox_dev::read_next(a.state);
-  if (blockIdx.x == 0) {
-    if (threadIdx.x == 0) mailbox_dev::publish_active(a.state, next);
-    __syncthreads();  // ACTIVE is performed before this CTA lets the consumer launch (ordering 7)
-  }
   ptx::griddep_launch_dependents();
+  const uint32_t next = mailbox_dev::read_next(a.state);
+  if (threadIdx.x == 0 && blockIdx.x == 0) mailbox_dev::set_active(a.state, next);
 
   const int vecs = a.layout.row_vecs();
   const int v = blockIdx.x * blockDim.x + threadIdx.x;

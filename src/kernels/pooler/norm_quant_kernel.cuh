@@ -34,11 +34,6 @@ struct NormQuantGatherArgs {
 // 0): it polls their two vectors, clears the same columns of the previous
 // call's rows i, i + b, ..., joins the row's mean(x^2), normalises and
 // quantizes its NVFP4 block.
-// How long a consumer polls before its wait (ordering 7): the publishing
-// GEMM's last CTAs finish within this of the consumer's launch; past it the
-// consumer falls back to polling after the wait, as correct and slower.
-inline constexpr uint64_t kEarlyPollNs = 100000;
-
 __global__ void norm_quant_gather_kernel(const NormQuantGatherArgs a) {
   __shared__ float warp_sums[norm::kMaxWarps];
   const int t = threadIdx.x, row = blockIdx.x;
@@ -52,46 +47,27 @@ __global__ void norm_quant_gather_kernel(const NormQuantGatherArgs a) {
   // The next grid (the next layer's GEMM) may launch now and stream its
   // weights while this one waits (mailbox_device.cuh, ordering 6).
   ptx::griddep_launch_dependents();
-
-  // Before the wait (ordering 7): this call's stage from ACTIVE as it reads
-  // now, the row's two vectors polled for a bounded time, and the row's
-  // mean(x^2) if every thread has its vectors. Nothing is written.
-  const uint32_t early = mailbox_dev::read_active(a.state);
-  const int early_stage = mailbox::word_stage(early);
-  uint4 v0, v1;
-  const bool have =
-      mailbox_dev::poll_vec_for(a.local + a.layout.offset(early_stage, source, row, col), kEarlyPollNs, v0) &&
-      mailbox_dev::poll_vec_for(a.local + a.layout.offset(early_stage, source, row, col + 8), kEarlyPollNs, v1);
-  const bool all_have = __syncthreads_and(have);
-  float x[16];
-  float inv = 0.0f;
-  if (all_have) {
-    nvfp4::bf16x8_to_float(v0, x);
-    nvfp4::bf16x8_to_float(v1, x + 8);
-    inv = norm::inv_rms(x, cols, a.eps, warp_sums);
-  }
-
-  // The global scale is read after the wait, as the stock quantize kernel
-  // reads it: a scale some earlier kernel computes is then seen alike by
-  // both paths. ACTIVE is re-read where ordering 2 guarantees it.
+  // ACTIVE comes from this call's publisher. The global scale is read after
+  // the wait, as the stock quantize kernel reads it: a scale some earlier
+  // kernel computes is then seen alike by both paths.
   ptx::griddep_wait();
   const float global_scale = *a.global_scale;
   const uint32_t active = mailbox_dev::read_active(a.state);
-  const int stage = mailbox::word_stage(active);
-  if (!__syncthreads_and(all_have && active == early)) {
-    v0 = mailbox_dev::poll_vec(a.local + a.layout.offset(stage, source, row, col), a.spin, stage, source, row);
-    v1 = mailbox_dev::poll_vec(a.local + a.layout.offset(stage, source, row, col + 8), a.spin, stage, source,
-                               row);
-    nvfp4::bf16x8_to_float(v0, x);
-    nvfp4::bf16x8_to_float(v1, x + 8);
-    inv = norm::inv_rms(x, cols, a.eps, warp_sums);
-  }
   if (t == 0 && row == 0) mailbox_dev::advance(a.state, active, a.b);
+  const int stage = mailbox::word_stage(active);
+
+  const uint4 v0 = mailbox_dev::poll_vec(a.local + a.layout.offset(stage, source, row, col), a.spin, stage,
+                                         source, row);
+  const uint4 v1 = mailbox_dev::poll_vec(a.local + a.layout.offset(stage, source, row, col + 8), a.spin,
+                                         stage, source, row);
   const int cleared = mailbox::clear_stage(stage), rows_prev = mailbox::word_rows(active);
   mailbox_dev::clear_rows(a.local, a.layout, cleared, source, col, row, gridDim.x, rows_prev);
   mailbox_dev::clear_rows(a.local, a.layout, cleared, source, col + 8, row, gridDim.x, rows_prev);
 
-  float y[16];
+  float x[16], y[16];
+  nvfp4::bf16x8_to_float(v0, x);
+  nvfp4::bf16x8_to_float(v1, x + 8);
+  const float inv = norm::inv_rms(x, cols, a.eps, warp_sums);
   uint4 normed[2];
   norm::normalize(x, w, inv, a.gain_center, y, normed);
   uint32_t packed[2];

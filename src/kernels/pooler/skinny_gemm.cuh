@@ -119,15 +119,12 @@ __global__ void __launch_bounds__(kBlock) skinny_gemm_kernel(const PoolerGemmArg
 
   // x comes from the previous grid.
   ptx::griddep_wait();
+  ptx::griddep_launch_dependents();
   // The fused publish's stage, read after the wait as the mailbox's own
   // publisher reads it, and now, so that its latency hides under the loads.
-  // CTA 0 writes ACTIVE and lets the consumer launch only after it is
-  // performed (mailbox_device.cuh, ordering 7).
   const bool publishing = a.publish.mode != mailbox_dev::PublishTarget::kNone;
   uint32_t stage = 0;
   if (publishing && t < kValues) stage = mailbox_dev::publish_stage(a.publish, t == 0 && blockIdx.x == 0);
-  if (publishing && blockIdx.x == 0) __syncthreads();
-  ptx::griddep_launch_dependents();
 
   float acc[kOpb][kRows];
 #pragma unroll

@@ -100,19 +100,17 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW))
 
   // x is written by the previous grid.
   ptx::griddep_wait();
+  ptx::griddep_launch_dependents();
 
   // The zero-copy publish's stage, read now (after griddep_wait, like the
   // mailbox's own publisher) so that its latency hides under the weight
   // loads instead of adding to the CTA's tail. Only warp 0 of rank 0
-  // publishes (2m <= 32 threads). CTA (0, 0) writes ACTIVE and lets the
-  // consumer launch only after it is performed (mailbox_device.cuh,
-  // ordering 7).
+  // publishes (2m <= 32 threads). ACTIVE may be written this early: its
+  // reader, the consumer, runs in a later grid.
   const mailbox_dev::PublishTarget& pub = args.publish;
   uint32_t stage = 0;
   if (pub.mode != mailbox_dev::PublishTarget::kNone && split == 0 && warp == 0)
     stage = mailbox_dev::publish_stage(pub, lane == 0 && blockIdx.x == 0);
-  if (pub.mode != mailbox_dev::PublishTarget::kNone && split == 0 && blockIdx.x == 0) __syncthreads();
-  ptx::griddep_launch_dependents();
 
   float acc[ACCS][kNt][4];
 #pragma unroll

@@ -132,7 +132,7 @@ PoolerGemm::PoolerGemm(PoolerGemm&&) noexcept = default;
 PoolerGemm& PoolerGemm::operator=(PoolerGemm&&) noexcept = default;
 
 PoolerGemmChoice PoolerGemm::choice(int m) const {
-  SPARK_CHECK(m >= 1 && m <= kPoolerMaxBatch && choice_[m - 1], "pooler GEMM: batch ", m,
+  SPARK_CHECK(m >= 1 && m <= static_cast<int>(choice_.size()) && choice_[m - 1], "pooler GEMM: batch ", m,
               " was not prepared at construction (Options::batches)");
   return *choice_[m - 1];
 }

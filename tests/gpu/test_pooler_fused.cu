@@ -82,8 +82,10 @@ void fused_equals_stock(sd::Group& group, int device, int chunks, uint64_t seed)
     // The stock path gets the blocks as the mailbox carries them: its
     // publisher stores -0.0 as +0.0 (the sentinel), and e2m1 keeps the sign
     // of zero (0x0 vs 0x8), so a -0.0 fed to stock alone would differ in that
-    // sign only. The pooler GEMM never produces -0.0 (FP32 sums from +0.0),
-    // so on real data both paths see the same blocks. The published block
+    // sign only. The pooler GEMM practically never produces -0.0 (its FP32
+    // sums start from +0.0; only a negative sum below BF16's smallest
+    // subnormal rounds to -0.0), so on real data both paths see the same
+    // blocks. The published block
     // below keeps its -0.0s, so the rewrite itself is exercised.
     auto stock_rows = rows;
     for (auto& v : stock_rows)
@@ -196,7 +198,7 @@ void gemm_publish_equals_run_plus_publish(sd::Group& group, int device, uint64_t
   const int n = sd::kMuseSpark.pooled / tp, k = sd::kMuseSpark.hidden;
   std::mt19937_64 gen(seed * 31 + rank);
   const auto w = random_bf16(size_t(n) * k, Dist::scaled, -4, gen);
-  const auto x = random_bf16(size_t(M) * k, Dist::specials, 0, gen);  // -0.0, NaN, Inf, subnormals
+  const auto x = random_bf16(size_t(M) * k, Dist::specials, 0, gen);  // -0.0, subnormals, extremes
   DeviceBuffer dw(w.size() * 2), dx(x.size() * 2);
   dw.upload(w.data(), w.size() * 2);
   dx.upload(x.data(), x.size() * 2);

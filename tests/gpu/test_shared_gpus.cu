@@ -9,8 +9,9 @@
 //
 // Where only one GPU is lent, tp 2 runs as two ranks on it (Tp2OnOneGpu): the
 // multi-rank paths (stores into two copies, two sources per row, the stage
-// words of two ranks) on one device, with host barriers between the
-// zero-copy steps so that no rank spins on a peer that cannot be scheduled.
+// words of two ranks) on one device. The zero-copy steps keep host barriers
+// between them so that no rank spins on a peer that cannot be scheduled; the
+// mailbox's own calls (small kernels) run concurrently across the two ranks.
 #include <gtest/gtest.h>
 
 #include "mailbox_test_bodies.h"

@@ -281,10 +281,10 @@ namespace spark_decode::ptx {
 // A receiver inits an mbarrier, announces the bytes it expects, and waits;
 // senders push with st.async, each store completing its bytes on the
 // receiver's mbarrier. No fence: the mbarrier's transaction count orders the
-// data for the receiver. A sender must not exit before the receiver has its
-// bytes (it gives up the registers the stores read): the unpooler keeps its
-// senders on a second cluster-barrier phase that the receiver arrives at
-// after its mbarrier wait.
+// data for the receiver. The receiver must not exit before its mbarrier has
+// every byte (its shared memory is the destination); a sender may leave once
+// its stores are issued (st.async reads its registers at issue, as any store
+// does). The unpooler relies on that to free its senders early.
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));

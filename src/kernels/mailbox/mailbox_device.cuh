@@ -22,7 +22,11 @@
 //      st_volatile_v4 per word, st_volatile_u16 per lane), so a lane is
 //      either the sentinel or its final value; each lane is checked on its
 //      own, so vectors torn between words or lanes are harmless. The
-//      consumer reads nothing else of the publisher's.
+//      consumer reads nothing else of the publisher's. (The pooler GEMM's
+//      2-byte lane stores race with the poller's 4-byte loads: mixed-size
+//      races, which the PTX memory model leaves undefined though the
+//      hardware keeps each aligned access whole. Storing lane pairs as one
+//      32-bit word would remove the caveat; not done yet.)
 //   4. Polling loads are volatile (relaxed, system scope): they bypass L1
 //      and go to L2 every time, where a peer's NVLink store lands. A weak
 //      load could be served from a stale L1 line forever.
@@ -39,6 +43,13 @@
 //      returns after the grid before it completed, and that one only after
 //      its own wait: completion is ordered along the stream even when
 //      launches overlap. No publishing store precedes its kernel's wait.
+//      This holds only if every kernel launched with programmatic dependent
+//      launch between two of ours executes griddepcontrol.wait before it
+//      completes (all of ours do; a caller's kernel in the chain must too).
+//      And it assumes one GPU per rank: ranks sharing a GPU can fill its SMs
+//      with early-launched CTAs parked in their wait while a peer's kernel
+//      that the consumer spins on cannot be scheduled (tests that share a
+//      GPU keep host barriers around such steps).
 #pragma once
 
 #include <cuda_bf16.h>

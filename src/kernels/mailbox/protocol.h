@@ -20,14 +20,14 @@
 // Call k with b rows (b the same on every rank) on rank q:
 //   publisher: after griddepcontrol.wait, read NEXT -> stage s. Store rows
 //     [0, b) of the source into slot [s][q] of EVERY rank's copy, this rank's
-//     own included, BF16 -0.0 stored as +0.0 (publish_bits). Every CTA writes
-//     ACTIVE = NEXT: the same value from each, so the write is idempotent and
-//     any number of CTAs of any grid (the Unpooler epilogue) may make it.
+//     own included, BF16 -0.0 stored as +0.0 (publish_bits). One thread of
+//     the grid writes ACTIVE = NEXT (idempotent, but stores from every CTA to
+//     one word serialise in L2).
 //   consumer: after griddepcontrol.wait, read ACTIVE -> (s, b_prev). Spin on
 //     its own copy's slots [s][*] rows [0, b) until no BF16 lane holds the
 //     sentinel (raw bits). Produce the output. Restore the sentinel in its own
-//     copy for stage clear_stage(s) rows [0, b_prev) of every source. Every
-//     CTA writes NEXT = advance_word(s, b) (idempotent).
+//     copy for stage clear_stage(s) rows [0, b_prev) of every source. One
+//     thread of the grid writes NEXT = advance_word(s, b).
 //
 // Why three stages (the "at most one call ahead" argument):
 //   publisher k+1 of a rank runs after that rank's consumer k has completed

@@ -47,6 +47,16 @@ struct Activations {
   DeviceMemory out{size_t{2} * kUnpoolerMaxM * kWidth};
   Activations() { fill_random_bf16(x.get(), size_t{kUnpoolerMaxM} * kWidth, 7); }
 };
+// The GEMM shape [n, k] at tp: the unpooler's (N = H / tp, K = P), or the
+// pooler GEMM's (N = P / tp, K = H) that the Pooler's MMA engine serves.
+struct GemmShape {
+  int n, k;
+};
+GemmShape gemm_shape(int tp, bool pooler_shapes = false) {
+  if (pooler_shapes) return {kMuseSpark.pooled / tp, kMuseSpark.hidden};
+  return {kMuseSpark.hidden / tp, kMuseSpark.pooled};
+}
+
 bool wanted(const std::vector<int>& filter, int v) {
   return filter.empty() || std::find(filter.begin(), filter.end(), v) != filter.end();
 }
@@ -59,11 +69,11 @@ std::string bench_unpooler(const UnpoolerBenchOptions& o) {
   std::printf("HBM read: %.2f TB/s\n", report.hbm_read_TBps);
   cudaStream_t stream;
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  const int k = kMuseSpark.pooled;
   Activations io;
   DeviceMemory &x = io.x, &out = io.out;
   for (int tp : o.tps) {
-    const int n = kMuseSpark.hidden / tp;
+    const GemmShape shape = gemm_shape(tp);
+    const int n = shape.n, k = shape.k;
     ColdWeights weights(n, k);
     const double floor = floor_us(size_t{2} * n * k, report.hbm_read_TBps);
     std::vector<const void*> copies;
@@ -116,11 +126,11 @@ std::string tune_unpooler(const UnpoolerBenchOptions& o) {
   report.hbm_read_TBps = measure_hbm_read_TBps();
   cudaStream_t stream;
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  const int k = o.pooler_shapes ? kMuseSpark.hidden : kMuseSpark.pooled;
   Activations io;
   DeviceMemory &x = io.x, &out = io.out;
   for (int tp : o.tps) {
-    const int n = (o.pooler_shapes ? kMuseSpark.pooled : kMuseSpark.hidden) / tp;
+    const GemmShape shape = gemm_shape(tp, o.pooler_shapes);
+    const int n = shape.n, k = shape.k;
     ColdWeights weights(n, k);
     const double floor = floor_us(size_t{2} * n * k, report.hbm_read_TBps);
     std::multimap<double, std::string> ranking;
@@ -166,11 +176,11 @@ std::string tune_unpooler(const UnpoolerBenchOptions& o) {
 }
 
 void profile_unpooler(const UnpoolerBenchOptions& o) {
-  const int k = kMuseSpark.pooled;
   Activations io;
   DeviceMemory &x = io.x, &out = io.out;
   for (int tp : o.tps) {
-    const int n = kMuseSpark.hidden / tp;
+    const GemmShape shape = gemm_shape(tp);
+    const int n = shape.n, k = shape.k;
     ColdWeights weights(n, k);
     Unpooler::Options opt;
     opt.enable_pdl = false;

@@ -28,6 +28,27 @@ class DeviceGuard {
   bool changed_ = false;
 };
 
+// The same for code that may not throw (destructors, release paths): errors
+// are dropped, since after a device trap (a mailbox spin timeout) every call
+// fails with the sticky error, and the last error is cleared on the way out.
+class QuietDeviceScope {
+ public:
+  explicit QuietDeviceScope(int device) noexcept {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    cudaSetDevice(device);
+    device_ = device;
+  }
+  ~QuietDeviceScope() {
+    (void)cudaGetLastError();
+    if (previous_ >= 0 && previous_ != device_) cudaSetDevice(previous_);
+  }
+  QuietDeviceScope(const QuietDeviceScope&) = delete;
+  QuietDeviceScope& operator=(const QuietDeviceScope&) = delete;
+
+ private:
+  int previous_ = -1, device_ = -1;
+};
+
 // Throws RuntimeError unless `device` exists and has compute capability
 // 9.0 or newer (clusters, distributed shared memory, griddepcontrol).
 void require_sm90(int device, const char* what);

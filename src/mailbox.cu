@@ -77,12 +77,8 @@ LamportMailbox::LamportMailbox(Group& group, int tp, int rank, int capacity, int
 
 LamportMailbox::~LamportMailbox() {
   if (record_host_) {
-    int previous = -1;
-    if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
-    cudaSetDevice(device_);
+    detail::QuietDeviceScope scope(device_);
     cudaFreeHost(record_host_);
-    (void)cudaGetLastError();
-    if (previous >= 0 && previous != device_) cudaSetDevice(previous);
   }
   // memory_ frees the copies.
 }

@@ -158,12 +158,8 @@ Pooler::Pooler(Group& group, int tp, int rank, int device, std::vector<PoolerLay
 
 Pooler::~Pooler() {
   if (scratch_) {
-    int previous = -1;
-    if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
-    cudaSetDevice(device_);
+    detail::QuietDeviceScope scope(device_);
     cudaFree(scratch_);
-    (void)cudaGetLastError();
-    if (previous >= 0 && previous != device_) cudaSetDevice(previous);
   }
 }
 

@@ -137,25 +137,23 @@ PoolerGemmChoice PoolerGemm::choice(int m) const {
   return *choice_[m - 1];
 }
 
-void PoolerGemm::run(const void* x, void* out, int m, cudaStream_t stream) const {
+void PoolerGemm::launch(const void* x, void* out, int m, cudaStream_t stream, bool publish) const {
   const PoolerGemmChoice c = choice(m);
   check_operands(weight_, x, out, n_, k_, m);
   detail::require_current_device(device_, "the pooler GEMM");
   if (c.engine == PoolerGemmEngine::mma)
-    mma_->run(x, out, m, stream);
+    (publish ? mma_publish_ : mma_)->run(x, out, m, stream);
   else
-    launch_skinny(c.shape, weight_, x, out, n_, k_, m, stream, enable_pdl_);
+    launch_skinny(c.shape, weight_, x, out, n_, k_, m, stream, enable_pdl_, publish ? mailbox_ : nullptr);
+}
+
+void PoolerGemm::run(const void* x, void* out, int m, cudaStream_t stream) const {
+  launch(x, out, m, stream, /*publish=*/false);
 }
 
 void PoolerGemm::run_publish(const void* x, void* out, int m, cudaStream_t stream) const {
   SPARK_CHECK(mailbox_ != nullptr, "pooler GEMM: run_publish needs Options::mailbox");
-  const PoolerGemmChoice c = choice(m);
-  check_operands(weight_, x, out, n_, k_, m);
-  detail::require_current_device(device_, "the pooler GEMM");
-  if (c.engine == PoolerGemmEngine::mma)
-    mma_publish_->run(x, out, m, stream);
-  else
-    launch_skinny(c.shape, weight_, x, out, n_, k_, m, stream, enable_pdl_, mailbox_);
+  launch(x, out, m, stream, /*publish=*/true);
 }
 
 void PoolerGemm::run(const TensorRef& x, const TensorRef& out, cudaStream_t stream) const {

@@ -134,16 +134,12 @@ SymmetricMemory::~SymmetricMemory() { release(); }
 
 void SymmetricMemory::release() noexcept {
   if (peers_.empty()) return;
-  int previous = -1;
-  if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
-  cudaSetDevice(device_);
-  // Errors are dropped: a destructor cannot throw, and after a device trap
-  // (mailbox spin timeout) every call here fails with the sticky error.
-  for (size_t q = 0; q < peers_.size(); ++q)
-    if (ipc_opened_[q] && peers_[q]) cudaIpcCloseMemHandle(peers_[q]);
-  if (peers_[rank_]) cudaFree(peers_[rank_]);
-  (void)cudaGetLastError();
-  if (previous >= 0 && previous != device_) cudaSetDevice(previous);
+  {
+    detail::QuietDeviceScope scope(device_);  // errors dropped (see QuietDeviceScope)
+    for (size_t q = 0; q < peers_.size(); ++q)
+      if (ipc_opened_[q] && peers_[q]) cudaIpcCloseMemHandle(peers_[q]);
+    if (peers_[rank_]) cudaFree(peers_[rank_]);
+  }
   peers_.clear();
   ipc_opened_.clear();
 }

@@ -120,6 +120,8 @@ class PoolerGemm {
   std::unique_ptr<Unpooler> mma_;
   LamportMailbox* mailbox_ = nullptr;
   std::unique_ptr<Unpooler> mma_publish_;  // the MMA engine publishing into mailbox_
+
+  void launch(const void* x, void* out, int m, cudaStream_t stream, bool publish) const;
 };
 
 // One launch of the skinny GEMM at `shape` (validated; for benchmarks and

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "mailbox_payload.h"
+#include "mpi_gtest_main.h"
 #include "spark_decode/error.h"
 #include "spark_decode/mpi_group.h"
 
@@ -71,20 +72,7 @@ TEST(MpiGroup, UnequalSizesAreRefusedOnEveryRank) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  ::testing::InitGoogleTest(&argc, argv);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  unsigned long long seed = 0;
-  if (rank == 0) {
-    seed = (uint64_t(std::random_device{}()) << 32) | std::random_device{}();
-    std::printf("[mpi group] seed %llu\n", seed);
-  }
-  MPI_Bcast(&seed, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
-  g_seed = seed;
-  int failed = RUN_ALL_TESTS() != 0;
-  int any = 0;
-  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return any;
+  return sd::testing::mpi_gtest_main(
+      argc, argv, "mpi group",
+      [] { return (uint64_t(std::random_device{}()) << 32) | std::random_device{}(); }, g_seed);
 }

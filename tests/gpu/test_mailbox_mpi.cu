@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <string>
 
+#include "../cpu/mpi_gtest_main.h"
 #include "mailbox_test_bodies.h"
 #include "spark_decode/mpi_group.h"
 #include "unpooler_publish_bodies.h"
@@ -100,20 +101,5 @@ TEST(ZzMailboxMpiTimeout, SkippedCallTimesOutInsteadOfHanging) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  ::testing::InitGoogleTest(&argc, argv);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  unsigned long long seed = 0;
-  if (rank == 0) {
-    seed = rng()();
-    std::printf("[mailbox mpi] payload seed %llu\n", seed);
-  }
-  MPI_Bcast(&seed, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
-  g_seed = seed;
-  int failed = RUN_ALL_TESTS() != 0;
-  int any = 0;
-  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return any;
+  return sd::testing::mpi_gtest_main(argc, argv, "mailbox mpi", [] { return rng()(); }, g_seed);
 }

@@ -1,0 +1,37 @@
+// The main() of the tests that run under mpirun: every rank runs every test
+// with one seed (rank 0's, broadcast), and the process fails on every rank
+// if any rank failed, so that mpirun's exit status does not depend on which
+// rank it reports.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cstdint>
+#include <cstdio>
+
+namespace spark_decode::testing {
+
+// `draw_seed` runs on rank 0 only; the broadcast seed lands in `seed` before
+// any test runs.
+template <typename DrawSeed>
+int mpi_gtest_main(int argc, char** argv, const char* what, DrawSeed draw_seed, uint64_t& seed) {
+  MPI_Init(&argc, &argv);
+  ::testing::InitGoogleTest(&argc, argv);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  unsigned long long s = 0;
+  if (rank == 0) {
+    s = draw_seed();
+    std::printf("[%s] seed %llu\n", what, s);
+  }
+  MPI_Bcast(&s, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
+  seed = s;
+  int failed = RUN_ALL_TESTS() != 0;
+  int any = 0;
+  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return any;
+}
+
+}  // namespace spark_decode::testing

@@ -144,21 +144,38 @@ std::string tune_unpooler(const UnpoolerBenchOptions& o) {
           t.splits = s;
           t.kw = kw;
           t.accs = accs;
-          Unpooler::Options opt;
-          opt.enable_pdl = false;
-          opt.tactic = t;
-          std::printf("  tp %d: %s ...", tp, t.to_string().c_str());
+          // The same tactic with two row tiles per CTA at every m, where it
+          // compiles: it gives the same bits, so the table may pick either
+          // per m; a tactic ranks by its mean over m of the better of the two.
+          UnpoolerTactic t2 = t;
+          t2.row_tiles.fill(2);
+          const bool two_rows = !launch_unsupported(n, k, t2);
+          std::printf("  tp %d: %s%s ...", tp, t.to_string().c_str(), two_rows ? " (+ two row tiles)" : "");
           std::fflush(stdout);
-          auto u = weights.unpoolers(opt);
+          std::vector<double> best(o.ms.size(), 1e30);
+          std::vector<int> best_rows(o.ms.size(), 1);
+          for (const UnpoolerTactic& variant : two_rows ? std::vector<UnpoolerTactic>{t, t2} : std::vector<UnpoolerTactic>{t}) {
+            Unpooler::Options opt;
+            opt.enable_pdl = false;
+            opt.tactic = variant;
+            auto u = weights.unpoolers(opt);
+            for (size_t i = 0; i < o.ms.size(); ++i) {
+              const int m = o.ms[i];
+              const double us = time_graph([&](cudaStream_t st, int c) { u[c].run(x.get(), out.get(), m, st); },
+                                           weights.copies, o.repeats, stream);
+              report.records.push_back({"unpooler", "spark", variant.to_string(), "graph", tp, m, n, k, us, floor});
+              if (us < best[i]) {
+                best[i] = us;
+                best_rows[i] = variant.row_tiles[m - 1];
+              }
+            }
+          }
           double sum = 0;
           std::string line;
-          for (int m : o.ms) {
-            const double us = time_graph([&](cudaStream_t st, int c) { u[c].run(x.get(), out.get(), m, st); },
-                                         weights.copies, o.repeats, stream);
-            report.records.push_back({"unpooler", "spark", t.to_string(), "graph", tp, m, n, k, us, floor});
-            sum += us;
+          for (size_t i = 0; i < o.ms.size(); ++i) {
+            sum += best[i];
             char buf[64];
-            std::snprintf(buf, sizeof buf, " m%d=%.2f", m, us);
+            std::snprintf(buf, sizeof buf, " m%d=%.2f%s", o.ms[i], best[i], best_rows[i] == 2 ? "(r2)" : "");
             line += buf;
           }
           std::printf("%s\n", line.c_str());

@@ -14,38 +14,41 @@ namespace {
 
 using KernelFn = void (*)(kernels::UnpoolerArgs);
 
-// The compiled variants: kUnpoolerKws x accs {1, 2, 4} x tile {8, 16}.
-template <int KW, int ACCS>
+// The compiled variants: kUnpoolerKws x accs {1, 2, 4} x tile {8, 16} with
+// one row tile per CTA, and with two at accs {1, 2} (launch_unsupported
+// refuses the rest).
+template <int KW, int ACCS, int R>
 KernelFn pick_tile(int tile) {
-  return tile == 8 ? kernels::unpooler_kernel<KW, ACCS, 8> : kernels::unpooler_kernel<KW, ACCS, 16>;
+  return tile == 8 ? kernels::unpooler_kernel<KW, ACCS, 8, R> : kernels::unpooler_kernel<KW, ACCS, 16, R>;
 }
 
 template <int KW>
-KernelFn pick_accs(int accs, int tile) {
+KernelFn pick_accs(int accs, int tile, int row_tiles) {
+  if (row_tiles == 2) return accs == 1 ? pick_tile<KW, 1, 2>(tile) : pick_tile<KW, 2, 2>(tile);
   switch (accs) {
-    case 1: return pick_tile<KW, 1>(tile);
-    case 2: return pick_tile<KW, 2>(tile);
-    default: return pick_tile<KW, 4>(tile);
+    case 1: return pick_tile<KW, 1, 1>(tile);
+    case 2: return pick_tile<KW, 2, 1>(tile);
+    default: return pick_tile<KW, 4, 1>(tile);
   }
 }
 
-KernelFn unpooler_kernel_for(int kw, int accs, int tile) {
+KernelFn unpooler_kernel_for(int kw, int accs, int tile, int row_tiles) {
   static_assert(kUnpoolerKws[0] == 64 && kUnpoolerKws[1] == 128 && kUnpoolerKws[2] == 256,
                 "keep the dispatch in step with kUnpoolerKws");
   switch (kw) {
-    case 64: return pick_accs<64>(accs, tile);
-    case 128: return pick_accs<128>(accs, tile);
-    default: return pick_accs<256>(accs, tile);
+    case 64: return pick_accs<64>(accs, tile, row_tiles);
+    case 128: return pick_accs<128>(accs, tile, row_tiles);
+    default: return pick_accs<256>(accs, tile, row_tiles);
   }
 }
 
-int tile_index(int tile) { return tile == 8 ? 0 : 1; }
+int variant_index(int tile, int row_tiles) { return (tile == 8 ? 0 : 2) + (row_tiles == 2 ? 1 : 0); }
 
-kernels::LaunchShape launch_shape(int n, int k, const UnpoolerTactic& t, int tile, bool pdl) {
+kernels::LaunchShape launch_shape(int n, int k, const UnpoolerTactic& t, int tile, int row_tiles, bool pdl) {
   kernels::LaunchShape shape;
-  shape.grid = dim3(n / kUnpoolerTileN, t.splits);
+  shape.grid = dim3(n / (kUnpoolerTileN * row_tiles), t.splits);
   shape.block = dim3(32 * t.warps(k));
-  shape.smem_bytes = kernels::unpooler_smem_bytes(k, t.kw, tile);
+  shape.smem_bytes = kernels::unpooler_smem_bytes(k, t.kw, tile, row_tiles);
   shape.cluster_y = t.splits;
   shape.enable_pdl = pdl;
   return shape;
@@ -103,7 +106,7 @@ Unpooler::Unpooler(const TensorRef& weight, Options options)
   for (int m : rows) SPARK_CHECK(m >= 1 && m <= max_m_, "rows: ", m, " outside 1..", max_m_);
   detail::require_sm90(device_, "the unpooler GEMM");
   detail::DeviceGuard guard(device_);
-  for (int m : rows) prepare_tile(tactic_.token_tile[m - 1]);
+  for (int m : rows) prepare(tactic_.token_tile[m - 1], tactic_.row_tiles[m - 1]);
 }
 
 Unpooler Unpooler::from_moe(const TensorRef& full_weight, int tp, int rank, Options options) {
@@ -115,10 +118,12 @@ Unpooler Unpooler::from_moe(const TensorRef& full_weight, int tp, int rank, Opti
   return Unpooler(full_weight.narrow_rows(rank * n, n), std::move(options));
 }
 
-void Unpooler::prepare_tile(int tile) {
-  if (prepared_[tile_index(tile)]) return;
-  const KernelFn fn = unpooler_kernel_for(tactic_.kw, tactic_.accs, tile);
-  const auto shape = launch_shape(n_, k_, tactic_, tile, enable_pdl_);
+bool Unpooler::prepared(int tile, int row_tiles) const { return prepared_[variant_index(tile, row_tiles)]; }
+
+void Unpooler::prepare(int tile, int row_tiles) {
+  if (prepared(tile, row_tiles)) return;
+  const KernelFn fn = unpooler_kernel_for(tactic_.kw, tactic_.accs, tile, row_tiles);
+  const auto shape = launch_shape(n_, k_, tactic_, tile, row_tiles, enable_pdl_);
   // The cap is per kernel and per device, shared by every Unpooler (and the
   // Pooler's MMA engine) using this kernel: set it to the most any of them may
   // need, never to this one's size, which could lower it under another's
@@ -131,10 +136,10 @@ void Unpooler::prepare_tile(int tile) {
   if (tactic_.splits > 1) {
     // can_implement: the cluster must fit an SM group at all.
     SPARK_CHECK_RUNTIME(kernels::max_active_clusters(fn, shape) > 0, "unpooler tactic ",
-                        tactic_.to_string(), " with token tile ", tile,
-                        ": no cluster of this shape fits the device");
+                        tactic_.to_string(), " with token tile ", tile, " and ", row_tiles,
+                        " row tiles: no cluster of this shape fits the device");
   }
-  prepared_[tile_index(tile)] = true;
+  prepared_[variant_index(tile, row_tiles)] = true;
 }
 
 void Unpooler::run(const void* x, void* out, int m, cudaStream_t stream) {
@@ -142,20 +147,20 @@ void Unpooler::run(const void* x, void* out, int m, cudaStream_t stream) {
   SPARK_CHECK(x != nullptr && out != nullptr && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
                   reinterpret_cast<uintptr_t>(out) % 16 == 0,
               "x and out must be non-null 16-byte aligned BF16");
-  const int tile = tactic_.token_tile[m - 1];
-  if (!prepared_[tile_index(tile)]) {
-    SPARK_CHECK(!detail::is_capturing(stream), "token tile ", tile, " for m=", m,
-                " was not prepared at construction (rows), and cannot be under CUDA graph capture");
+  const int tile = tactic_.token_tile[m - 1], row_tiles = tactic_.row_tiles[m - 1];
+  if (!prepared(tile, row_tiles)) {
+    SPARK_CHECK(!detail::is_capturing(stream), "the kernel for m=", m, " (token tile ", tile, ", ", row_tiles,
+                " row tiles) was not prepared at construction (rows), and cannot be under CUDA graph capture");
     detail::DeviceGuard guard(device_);
-    prepare_tile(tile);
+    prepare(tile, row_tiles);
   }
   detail::require_current_device(device_, "the unpooler");
   kernels::UnpoolerArgs args{static_cast<const __nv_bfloat16*>(weight_),
                              static_cast<const __nv_bfloat16*>(x),
                              static_cast<__nv_bfloat16*>(out), n_, k_, m, {}};
   if (mailbox_) args.publish = publish_target(*mailbox_, ticket_);
-  kernels::launch(unpooler_kernel_for(tactic_.kw, tactic_.accs, tile),
-                  launch_shape(n_, k_, tactic_, tile, enable_pdl_), stream, args);
+  kernels::launch(unpooler_kernel_for(tactic_.kw, tactic_.accs, tile, row_tiles),
+                  launch_shape(n_, k_, tactic_, tile, row_tiles, enable_pdl_), stream, args);
 }
 
 void Unpooler::run(const TensorRef& x, const TensorRef& out, cudaStream_t stream) {

@@ -10,7 +10,7 @@
 
 namespace spark_decode {
 
-int unpooler_max_warps(int kw) { return kernels::unpooler_max_threads(kw) / 32; }
+int unpooler_max_warps(int kw, int row_tiles) { return kernels::unpooler_max_threads(kw, row_tiles) / 32; }
 
 std::string UnpoolerTactic::to_string() const {
   std::ostringstream os;
@@ -25,6 +25,18 @@ std::string UnpoolerTactic::to_string() const {
     os << from;
   else
     os << "never";
+  // Row tiles only when used, so that SPEC §2.1's tactics print as before.
+  for (int m = 1; m <= kUnpoolerMaxM; ++m)
+    if (row_tiles[m - 1] != 1) {
+      os << " rows32_at_m=";
+      bool first = true;
+      for (int j = m; j <= kUnpoolerMaxM; ++j)
+        if (row_tiles[j - 1] != 1) {
+          os << (first ? "" : ",") << j;
+          first = false;
+        }
+      break;
+    }
   return os.str();
 }
 
@@ -57,23 +69,43 @@ std::optional<std::string> launch_unsupported(int n, int k, int splits, int kw, 
 
 std::optional<std::string> launch_unsupported(int n, int k, const UnpoolerTactic& tactic) {
   if (auto reason = launch_unsupported(n, k, tactic.splits, tactic.kw, tactic.accs)) return reason;
+  bool two_row_tiles = false;
   for (int m = 1; m <= kUnpoolerMaxM; ++m) {
-    const int tile = tactic.token_tile[m - 1];
+    const int tile = tactic.token_tile[m - 1], rows = tactic.row_tiles[m - 1];
     if ((tile != 8 && tile != 16) || tile < m)
       return detail::concat("token tiles (", tactic.to_string(), ") do not cover M 1..",
                             kUnpoolerMaxM, ": m=", m, " has tile ", tile);
+    if (rows != 1 && rows != 2)
+      return detail::concat("m=", m, " has ", rows, " row tiles per CTA; 1 or 2 are compiled");
+    two_row_tiles |= rows == 2;
   }
+  if (!two_row_tiles) return std::nullopt;
+  using detail::concat;
+  if (n % (2 * kUnpoolerTileN)) return concat("two row tiles per CTA need N % 32 == 0, got N=", n);
+  if (tactic.accs > 2) return concat("two row tiles per CTA are compiled for accs 1 and 2, got accs=", tactic.accs);
+  const int warps = tactic.warps(k);
+  if (warps > unpooler_max_warps(tactic.kw, 2))
+    return concat("two row tiles per CTA run at most ", unpooler_max_warps(tactic.kw, 2),
+                  " warps per CTA, got ", warps);
+  const int smem = kernels::unpooler_smem_bytes(k, tactic.kw, 16, 2);
+  if (smem > kernels::kMaxSmemPerBlock)
+    return concat(k / tactic.kw, " warp partials of two row tiles need ", smem,
+                  " bytes of shared memory at cluster rank 0, more than ", kernels::kMaxSmemPerBlock);
   return std::nullopt;
 }
 
 namespace {
 
-UnpoolerTactic make_tactic(int splits, int kw, int accs, int tile16_from) {
+// rows32_from: the least m served with two row tiles per CTA (17: none).
+UnpoolerTactic make_tactic(int splits, int kw, int accs, int tile16_from, int rows32_from = kUnpoolerMaxM + 1) {
   UnpoolerTactic t;
   t.splits = splits;
   t.kw = kw;
   t.accs = accs;
-  for (int m = 1; m <= kUnpoolerMaxM; ++m) t.token_tile[m - 1] = m >= tile16_from ? 16 : 8;
+  for (int m = 1; m <= kUnpoolerMaxM; ++m) {
+    t.token_tile[m - 1] = m >= tile16_from ? 16 : 8;
+    t.row_tiles[m - 1] = m >= rows32_from ? 2 : 1;
+  }
   return t;
 }
 

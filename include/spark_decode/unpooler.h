@@ -12,12 +12,13 @@
 //   x    BF16 [m, K] contiguous, 16-byte aligned, same device;
 //   out  BF16 [m, N] contiguous, 16-byte aligned, same device; may not alias x.
 //   The tactic: K = S * warps * kw with S in {1, 2, 4, 8}, 1 <= warps <= 32,
-//   kw one of the compiled widths, accs in {1, 2, 4}.
+//   kw one of the compiled widths, accs in {1, 2, 4}; for a batch served
+//   with two row tiles per CTA also N % 32 == 0 and accs <= 2.
 //
 // Semantics: out = bf16_rne(sum_k x * w) with FP32 accumulation in an order
-// fixed by (N, K, tactic, token tile) alone, so results are bitwise
-// reproducible and batch invariant (a row's result does not depend on the
-// other rows of the batch).
+// fixed by (N, K, S, kw, accs) alone (not by the token tile or row tiles),
+// so results are bitwise reproducible and batch invariant (a row's result
+// does not depend on the other rows of the batch, nor on m).
 //
 // Zero-copy publish (Options::mailbox, SPEC §2.5): the epilogue also writes
 // y into this rank's slot of every rank's copy of the next boundary's
@@ -55,7 +56,7 @@ inline constexpr int kUnpoolerMaxM = 16;
 // run per CTA: a warp holds its whole weight slice in registers (kw / 4 of
 // them per thread), so wider slices leave room for fewer threads.
 inline constexpr std::array<int, 3> kUnpoolerKws = {64, 128, 256};
-int unpooler_max_warps(int kw);
+int unpooler_max_warps(int kw, int row_tiles = 1);
 
 // Launch shape of the unpooler GEMM.
 struct UnpoolerTactic {
@@ -65,6 +66,11 @@ struct UnpoolerTactic {
   // token_tile[m - 1]: the token tile (8 or 16) that serves a batch of m.
   std::array<int, kUnpoolerMaxM> token_tile = {8, 8, 8, 8, 8, 8, 8, 8,
                                                16, 16, 16, 16, 16, 16, 16, 16};
+  // row_tiles[m - 1]: 16-row MMA tiles per CTA (1 or 2) for a batch of m.
+  // 1 is SPEC §2.1's shape (a CTA owns 16 features); 2 lets a CTA own 32
+  // and reuse each activation fragment for both, halving the activation
+  // reads that bound large batches. Either gives the same bits.
+  std::array<int, kUnpoolerMaxM> row_tiles = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
 
   int warps(int k) const { return k / (splits * kw); }
   std::string to_string() const;
@@ -89,7 +95,8 @@ std::string format_unpooler_tactic_table();
 // Why no kernel launches for an [n, k] weight with K split over `splits`
 // CTAs, `kw` K per warp and `accs` accumulators, or nullopt.
 std::optional<std::string> launch_unsupported(int n, int k, int splits, int kw, int accs);
-// The same, plus the token tiles: each must be 8 or 16 and cover its m.
+// The same, plus the token tiles (each 8 or 16, covering its m) and the row
+// tiles (1, or 2 where N % 32 == 0, accs <= 2 and the partials fit).
 std::optional<std::string> launch_unsupported(int n, int k, const UnpoolerTactic& tactic);
 
 class Unpooler {
@@ -135,11 +142,12 @@ class Unpooler {
   int device() const { return device_; }
   bool enable_pdl() const { return enable_pdl_; }
   const UnpoolerTactic& tactic() const { return tactic_; }
-  // Which token tiles are prepared (index 0: tile 8, 1: tile 16).
-  std::array<bool, 2> prepared_tiles() const { return prepared_; }
+  // Whether the kernel for token tile `tile` (8 or 16) with `row_tiles`
+  // (1 or 2) is prepared.
+  bool prepared(int tile, int row_tiles = 1) const;
 
  private:
-  void prepare_tile(int tile);
+  void prepare(int tile, int row_tiles);
 
   const void* weight_;
   int n_, k_, device_;
@@ -148,7 +156,7 @@ class Unpooler {
   int32_t* ticket_ = nullptr;
   bool enable_pdl_;
   UnpoolerTactic tactic_;
-  std::array<bool, 2> prepared_{};
+  std::array<bool, 4> prepared_{};  // [tile 8, 16] x [row tiles 1, 2]
 };
 
 }  // namespace spark_decode

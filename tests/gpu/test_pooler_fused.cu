@@ -197,8 +197,16 @@ void gemm_publish_equals_run_plus_publish(sd::Group& group, int device, uint64_t
   const int tp = group.size(), rank = group.rank(), M = sd::kPoolerMaxBatch;
   const int n = sd::kMuseSpark.pooled / tp, k = sd::kMuseSpark.hidden;
   std::mt19937_64 gen(seed * 31 + rank);
-  const auto w = random_bf16(size_t(n) * k, Dist::scaled, -4, gen);
-  const auto x = random_bf16(size_t(M) * k, Dist::specials, 0, gen);  // -0.0, subnormals, extremes
+  auto w = random_bf16(size_t(n) * k, Dist::scaled, -4, gen);
+  auto x = random_bf16(size_t(M) * k, Dist::specials, 0, gen);  // -0.0, subnormals, extremes
+  // Row 0 makes -0.0 outputs, which the publish must store as +0.0: x[0] is
+  // 2^-100 at column 0 and zero elsewhere, and every third weight row has
+  // -2^-40 there, so those outputs are -2^-140 in FP32, which rounds to
+  // BF16 -0.0 (below half of BF16's least subnormal, 2^-133).
+  std::fill(x.begin(), x.begin() + k, uint16_t{0});
+  x[0] = 0x0d80;  // 2^-100
+  for (int c = 0; c < n; c += 3) w[size_t(c) * k] = 0xab80;  // -2^-40
+  long negative_zeros = 0;
   DeviceBuffer dw(w.size() * 2), dx(x.size() * 2);
   dw.upload(w.data(), w.size() * 2);
   dx.upload(x.data(), x.size() * 2);
@@ -248,6 +256,7 @@ void gemm_publish_equals_run_plus_publish(sd::Group& group, int device, uint64_t
       out_a.download(ya.data(), ya.size() * 2);
       out_b.download(yb.data(), yb.size() * 2);
       POOLER_REQUIRE(ya == yb, what, " m ", m, ": out differs from the plain run");
+      negative_zeros += std::count(ya.begin(), ya.begin() + size_t(m) * n, sd::kBf16NegativeZero);
       POOLER_REQUIRE(out_a.check_guards().empty(), what, " m ", m, ": out guards ", out_a.check_guards());
       const auto bytes_a = download<uint8_t>(a.memory().local(), a.memory().bytes());
       const auto bytes_b = download<uint8_t>(b.memory().local(), b.memory().bytes());
@@ -272,6 +281,7 @@ void gemm_publish_equals_run_plus_publish(sd::Group& group, int device, uint64_t
     }
   }
   CUDA_CHECK(cudaStreamDestroy(stream));
+  POOLER_REQUIRE(negative_zeros > 0, "no output was -0.0: the publish's -0.0 -> +0.0 rewrite went unchecked");
 }
 
 }  // namespace
@@ -291,7 +301,7 @@ TEST(PoolerGemmPublish, FusedEqualsRunPlusPublishTwoGpus) {
     ADD_FAILURE() << f;
 }
 
-// Two ranks sharing one GPU: the tp-2 stores (2-byte lanes into the peer's
+// Two ranks sharing one GPU: the tp-2 stores (column pairs into the peer's
 // copy) where no second GPU is lent; host barriers separate publish and gather.
 TEST(PoolerGemmPublish, FusedEqualsRunPlusPublishTwoRanksOnOneGpu) {
   SKIP_WITHOUT_GPU(1);

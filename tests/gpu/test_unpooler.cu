@@ -164,24 +164,57 @@ TEST(UnpoolerGpu, SmallShapesEveryMEveryDistribution) {
     for (Dist d : kAllDists) check_all_m(s.n, s.k, d);
 }
 
-// Every compiled kernel (kw x accs x both tiles) through every split that
-// can take it, on a small shape.
+// Every compiled kernel (kw x accs x both tiles x one or two row tiles)
+// through every split that can take it, on a small shape.
 TEST(UnpoolerGpu, EveryCompiledVariant) {
   SKIP_WITHOUT_GPU(1);
-  const int n = 48, k = 2048;
-  int tested = 0;
+  const int n = 96, k = 2048;
+  int tested = 0, tested_two_rows = 0;
   for (int s : {1, 2, 4, 8})
     for (int kw : sd::kUnpoolerKws)
-      for (int accs : {1, 2, 4}) {
-        if (sd::launch_unsupported(n, k, s, kw, accs)) continue;
-        sd::UnpoolerTactic t;
-        t.splits = s;
-        t.kw = kw;
-        t.accs = accs;
-        check_all_m(n, k, Dist::normal, &t);
-        ++tested;
-      }
-  EXPECT_GE(tested, 18);
+      for (int accs : {1, 2, 4})
+        for (int rows : {1, 2}) {
+          sd::UnpoolerTactic t;
+          t.splits = s;
+          t.kw = kw;
+          t.accs = accs;
+          t.row_tiles.fill(rows);
+          if (sd::launch_unsupported(n, k, t)) continue;
+          check_all_m(n, k, Dist::normal, &t);
+          ++tested;
+          tested_two_rows += rows == 2;
+        }
+  EXPECT_GE(tested - tested_two_rows, 18);
+  EXPECT_GE(tested_two_rows, 12);
+}
+
+// Two row tiles per CTA change which CTA computes a row, not how: the same
+// bits as one row tile, at every m, for the table's shapes and tactics.
+TEST(UnpoolerGpu, RowTilesGiveTheSameBits) {
+  SKIP_WITHOUT_GPU(1);
+  for (const auto& e : sd::unpooler_tactic_table()) {
+    sd::UnpoolerTactic one = e.tactic, two = e.tactic;
+    one.row_tiles.fill(1);
+    two.row_tiles.fill(2);
+    if (two.accs > 2) one.accs = two.accs = 2;
+    if (auto why = sd::launch_unsupported(e.n, e.k, two)) {
+      std::printf("  %dx%d: no two-row-tile kernel (%s)\n", e.n, e.k, why->c_str());
+      continue;
+    }
+    Problem p(e.n, e.k, Dist::outliers);
+    sd::Unpooler::Options o1, o2;
+    o1.tactic = one;
+    o2.tactic = two;
+    sd::Unpooler u1(weight_ref(p.w.get(), e.n, e.k), o1), u2(weight_ref(p.w.get(), e.n, e.k), o2);
+    for (int m = 1; m <= sd::kUnpoolerMaxM; ++m) {
+      const auto a = p.run(u1, m);
+      ASSERT_EQ(p.out.check_guards(), "");
+      const auto b = p.run(u2, m);
+      ASSERT_EQ(p.out.check_guards(), "");
+      ASSERT_EQ(std::count(b.begin(), b.end(), kPoisonBf16), 0) << e.n << "x" << e.k << " m=" << m;
+      ASSERT_EQ(a, b) << e.n << "x" << e.k << " m=" << m << ": " << one.to_string() << " vs " << two.to_string();
+    }
+  }
 }
 
 TEST(UnpoolerGpu, TableTacticsAreTheDefaults) {
@@ -305,8 +338,8 @@ TEST(UnpoolerGpu, RunValidatesAndLaunchesNothingOnBadInput) {
   sd::Unpooler::Options only_small;
   only_small.rows = {1, 2, 3};
   sd::Unpooler u(weight_ref(p.w.get(), n, k), only_small);
-  EXPECT_TRUE(u.prepared_tiles()[0]);
-  EXPECT_FALSE(u.prepared_tiles()[1]);
+  EXPECT_TRUE(u.prepared(8));
+  EXPECT_FALSE(u.prepared(16));
   poison_bf16(p.out);
   EXPECT_THROW(u.run(p.x.get(), p.out.get(), 0, nullptr), sd::InvalidArgument);
   EXPECT_THROW(u.run(p.x.get(), p.out.get(), 17, nullptr), sd::InvalidArgument);
@@ -337,7 +370,7 @@ TEST(UnpoolerGpu, RunValidatesAndLaunchesNothingOnBadInput) {
   // ...and prepared on first use outside capture.
   EXPECT_NO_THROW(u.run(p.x.get(), p.out.get(), 9, stream));
   CUDA_CHECK(cudaStreamSynchronize(stream));
-  EXPECT_TRUE(u.prepared_tiles()[1]);
+  EXPECT_TRUE(u.prepared(16, u.tactic().row_tiles[8]));
   CUDA_CHECK(cudaStreamDestroy(stream));
 }
 

@@ -105,10 +105,10 @@ __device__ __forceinline__ void st_volatile_v4(void* ptr, uint4 v) {
                : "memory");
 }
 
-// 2 bytes (one BF16 lane) to (possibly peer) global memory: a poller tests
-// every lane on its own, so a lane may arrive apart from its neighbours.
-__device__ __forceinline__ void st_volatile_u16(void* ptr, uint16_t v) {
-  asm volatile("st.volatile.global.u16 [%0], %1;" ::"l"(ptr), "h"(v) : "memory");
+// 4 bytes (two BF16 lanes) to (possibly peer) global memory: the size of
+// the pollers' elements (mailbox_device.cuh, ordering 3).
+__device__ __forceinline__ void st_volatile_u32(void* ptr, uint32_t v) {
+  asm volatile("st.volatile.global.u32 [%0], %1;" ::"l"(ptr), "r"(v) : "memory");
 }
 
 __device__ __forceinline__ void st_v4(void* ptr, uint4 v) {

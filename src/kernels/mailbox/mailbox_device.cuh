@@ -18,15 +18,14 @@
 //   3. Publisher on rank q to consumer on rank r: no fence, no flag. The
 //      data is the flag (Lamport): each 16-byte vector is polled until no
 //      BF16 lane holds the sentinel, and every store and load is single-copy
-//      atomic at its own size (ptx::ld_volatile_v4 per 32-bit word;
-//      st_volatile_v4 per word, st_volatile_u16 per lane), so a lane is
-//      either the sentinel or its final value; each lane is checked on its
-//      own, so vectors torn between words or lanes are harmless. The
-//      consumer reads nothing else of the publisher's. (The pooler GEMM's
-//      2-byte lane stores race with the poller's 4-byte loads: mixed-size
-//      races, which the PTX memory model leaves undefined though the
-//      hardware keeps each aligned access whole. Storing lane pairs as one
-//      32-bit word would remove the caveat; not done yet.)
+//      atomic at its own size, and the sizes match: every poll is
+//      ptx::ld_volatile_v4 (four 32-bit elements in the PTX memory model) and
+//      every publishing store writes whole 32-bit words (st_volatile_v4, or
+//      st_volatile_u32 for the pooler GEMM's column pairs), so the races
+//      are between same-size accesses, which the model defines: a word is
+//      either the sentinel pair, or its final value; each lane is checked
+//      on its own, so vectors torn between words are harmless. The
+//      consumer reads nothing else of the publisher's.
 //   4. Polling loads are volatile (relaxed, system scope): they bypass L1
 //      and go to L2 every time, where a peer's NVLink store lands. A weak
 //      load could be served from a stale L1 line forever.
@@ -160,17 +159,18 @@ __device__ __forceinline__ void store_to_all(uint16_t* const (&copies)[mailbox::
     if (q == rank) ptx::st_volatile_v4(copies[q] + offset, v);
 }
 
-// One published BF16 lane (-0.0 as +0.0) at element offset `offset` of
-// every rank's copy, peers first.
-__device__ __forceinline__ void store_lane_to_all(uint16_t* const (&copies)[mailbox::kMaxRanks], int tp,
-                                                  int rank, int64_t offset, uint16_t lane) {
-  const uint16_t v = mailbox::publish_bits(lane);
+// Two published BF16 lanes (a packed pair, -0.0 as +0.0) at element offset
+// `offset` (even) of every rank's copy, peers first, as one 32-bit word
+// (ordering 3: the pollers load 32-bit elements).
+__device__ __forceinline__ void store_pair_to_all(uint16_t* const (&copies)[mailbox::kMaxRanks], int tp,
+                                                  int rank, int64_t offset, uint32_t pair) {
+  const uint32_t v = mailbox::publish_pair(pair);
 #pragma unroll
   for (int q = 0; q < mailbox::kMaxRanks; ++q)
-    if (q < tp && q != rank) ptx::st_volatile_u16(copies[q] + offset, v);
+    if (q < tp && q != rank) ptx::st_volatile_u32(copies[q] + offset, v);
 #pragma unroll
   for (int q = 0; q < mailbox::kMaxRanks; ++q)
-    if (q == rank) ptx::st_volatile_u16(copies[q] + offset, v);
+    if (q == rank) ptx::st_volatile_u32(copies[q] + offset, v);
 }
 
 // ---- consuming -------------------------------------------------------------------

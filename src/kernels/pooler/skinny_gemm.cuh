@@ -101,6 +101,7 @@ __global__ void __launch_bounds__(kBlock) skinny_gemm_kernel(const PoolerGemmArg
   constexpr int kValues = kOpb * kRows;
   static_assert(kBlock % 32 == 0 && kBlock <= 1024, "whole warps");
   static_assert((kValues & (kValues - 1)) == 0, "kOpb * kRows must be a power of two");
+  static_assert(kOpb % 2 == 0, "the fused publish stores column pairs");
   __shared__ float partial[kWarps][kValues];
 
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
@@ -124,7 +125,7 @@ __global__ void __launch_bounds__(kBlock) skinny_gemm_kernel(const PoolerGemmArg
   // publisher reads it, and now, so that its latency hides under the loads.
   const bool publishing = a.publish.mode != mailbox_dev::PublishTarget::kNone;
   uint32_t stage = 0;
-  if (publishing && t < kValues) stage = mailbox_dev::publish_stage(a.publish, t == 0 && blockIdx.x == 0);
+  if (publishing && t < kValues / 2) stage = mailbox_dev::publish_stage(a.publish, t == 0 && blockIdx.x == 0);
 
   float acc[kOpb][kRows];
 #pragma unroll
@@ -172,6 +173,8 @@ __global__ void __launch_bounds__(kBlock) skinny_gemm_kernel(const PoolerGemmArg
     if ((lane & (32 / kValues - 1)) == 0) partial[warp][base] = v[0];
   }
   __syncthreads();
+  // y in shared memory too when publishing: the mailbox takes BF16 pairs.
+  __shared__ uint16_t y_pub[kValues];
   if (t < kValues) {
     const int o = t / kRows, r = t % kRows;
     if (r < a.m) {
@@ -180,12 +183,22 @@ __global__ void __launch_bounds__(kBlock) skinny_gemm_kernel(const PoolerGemmArg
       for (int wi = 1; wi < kWarps; ++wi) s = __fadd_rn(s, partial[wi][t]);
       const __nv_bfloat16 y = __float2bfloat16_rn(s);
       a.out[int64_t(r) * a.n + n0 + o] = y;
-      // One lane per thread: a peer's poller checks lanes one by one, so the
-      // kOpb lanes of a row need not travel together.
-      if (publishing)
-        mailbox_dev::store_lane_to_all(a.publish.copies, a.publish.layout.tp, a.publish.rank,
-                                       a.publish.layout.offset(stage, a.publish.rank, r, n0 + o),
-                                       __bfloat16_as_ushort(y));
+      if (publishing) y_pub[t] = __bfloat16_as_ushort(y);
+    }
+  }
+  if (!publishing) return;
+  __syncthreads();
+  // Columns (2p, 2p + 1) of row r go out as one 32-bit word: the pollers
+  // load the mailbox as 32-bit elements (a 16-byte vector is four of them
+  // in the PTX memory model), and a store of the same size and alignment
+  // keeps the race between them inside the model (a 2-byte store racing a
+  // 4-byte load is a mixed-size race, which the model leaves undefined).
+  if (t < kValues / 2) {
+    const int p = t / kRows, r = t % kRows;
+    if (r < a.m) {
+      const uint32_t pair = uint32_t(y_pub[(2 * p) * kRows + r]) | uint32_t(y_pub[(2 * p + 1) * kRows + r]) << 16;
+      mailbox_dev::store_pair_to_all(a.publish.copies, a.publish.layout.tp, a.publish.rank,
+                                     a.publish.layout.offset(stage, a.publish.rank, r, n0 + 2 * p), pair);
     }
   }
 }

@@ -4,19 +4,33 @@
 
 #include "spark_decode/unpooler.h"
 
+// The sizes below are used in device code as well (compile-time constants).
+#if defined(__CUDACC__)
+#define SPARK_UNPOOLER_HD __host__ __device__
+#else
+#define SPARK_UNPOOLER_HD
+#endif
+
 namespace spark_decode::kernels {
 
-// Threads per CTA the kernel is compiled for, by KW: it bounds registers per
-// thread to 65536 / threads, and a lane holds KW / 4 registers of weights.
-constexpr int unpooler_max_threads(int kw) { return kw >= 256 ? 512 : 1024; }
+// Threads per CTA the kernel is compiled for, by KW and row tiles R: it
+// bounds registers per thread to 65536 / threads. A lane holds KW / 4
+// registers of weights at R = 1; at R = 2 up to 64 (the kernel loads them in
+// chunks) plus twice the accumulators.
+SPARK_UNPOOLER_HD constexpr int unpooler_max_threads(int kw, int row_tiles = 1) {
+  return row_tiles > 1 || kw >= 256 ? 512 : 1024;
+}
 
 // Shared memory of cluster rank 0: a header (an mbarrier, then the CTA's
-// [16 tokens][16] BF16 output tile), then one FP32 [TILE x 16] partial per
-// warp of the cluster (every CTA reserves it; only rank 0's is used).
+// [16 tokens][16 R] BF16 output tile), then one FP32 [R][TILE x 16] partial
+// per warp of the cluster (every CTA reserves it; only rank 0's is used).
 inline constexpr int kUnpoolerSmemBarrier = 16;
-inline constexpr int kUnpoolerSmemHeader = kUnpoolerSmemBarrier + kUnpoolerMaxM * kUnpoolerTileN * 2;
-constexpr int unpooler_smem_bytes(int k, int kw, int tile) {
-  return kUnpoolerSmemHeader + (k / kw) * tile * kUnpoolerTileN * static_cast<int>(sizeof(float));
+SPARK_UNPOOLER_HD constexpr int unpooler_smem_header(int row_tiles) {
+  return kUnpoolerSmemBarrier + kUnpoolerMaxM * kUnpoolerTileN * row_tiles * 2;
+}
+SPARK_UNPOOLER_HD constexpr int unpooler_smem_bytes(int k, int kw, int tile, int row_tiles = 1) {
+  return unpooler_smem_header(row_tiles) +
+         (k / kw) * row_tiles * tile * kUnpoolerTileN * static_cast<int>(sizeof(float));
 }
 
 // The opt-in shared memory per block of sm_90 and sm_100 (227 KiB).

@@ -1,8 +1,13 @@
 // The unpooler GEMM kernel: out[m, N] = x[m, K] @ W[N, K]^T for m <= 16.
 //
-// Grid (N / 16, S), cluster (1, S, 1). CTA (t, s) owns output features
-// [16t, 16t + 16) and the K slice [s K / S, (s + 1) K / S); warp w of it owns
-// the KW consecutive K starting at s K / S + w KW.
+// Grid (N / (16 R), S), cluster (1, S, 1). CTA (t, s) owns output features
+// [16Rt, 16R(t + 1)) and the K slice [s K / S, (s + 1) K / S); warp w of it
+// owns the KW consecutive K starting at s K / S + w KW. R = 1 is SPEC §2.1's
+// shape. R = 2 (two 16-row MMA tiles per warp sharing every activation
+// fragment) is for large batches: each CTA reads its K slice of x once per
+// CTA, so at m = 16 and R = 1 the L2 serves as many x bytes as weight bytes
+// and, not HBM, sets the pace (bench/NOTES.md); R = 2 halves that traffic.
+// A row's arithmetic is the same for both (below), so R may change with m.
 //
 // Why this shape: at m <= 16 the GEMM is a pure weight stream (16 bytes of W
 // per 2..32 FLOP), so the kernel's only job is to keep enough weight bytes in
@@ -22,8 +27,9 @@
 // Determinism: every output is reduced in one fixed order: the warp's MMA
 // steps in K order into accumulator set step % ACCS, the sets summed 0..ACCS-1,
 // then the S * warps warp partials summed in K order by cluster rank 0. The
-// order depends on (N, K, S, KW, ACCS) only; a token's column of an MMA never
-// mixes with another token's, so a row's result does not depend on the batch.
+// order depends on (N, K, S, KW, ACCS) only, not on R or on how the loads are
+// chunked; a token's column of an MMA never mixes with another token's, so a
+// row's result does not depend on the batch.
 #pragma once
 
 #include <cstdint>
@@ -47,24 +53,33 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-template <int KW, int ACCS, int TILE>
-__global__ void __launch_bounds__(unpooler_max_threads(KW))
+template <int KW, int ACCS, int TILE, int R>
+__global__ void __launch_bounds__(unpooler_max_threads(KW, R))
     unpooler_kernel(const UnpoolerArgs args) {
   constexpr int kVecs = KW / kUnpoolerBlockK;  // 16-byte vectors per row per lane
-  constexpr int kSteps = 2 * kVecs;            // m16n8k16 steps per warp
   constexpr int kNt = TILE / 8;                // n8 MMAs per step
-  static_assert(KW % kUnpoolerBlockK == 0 && kSteps % ACCS == 0);
+  // Weight vectors are loaded kChunk at a time per row tile: all of them at
+  // R = 1 (the whole slice in flight before griddepcontrol.wait); at R = 2
+  // at most 4, so that the two tiles hold no more registers than one R = 1
+  // tile of KW = 256 (unpooler_max_threads).
+  constexpr int kChunk = R == 1 ? kVecs : (kVecs < 4 ? kVecs : 4);
+  constexpr int kChunks = kVecs / kChunk;
+  constexpr int kRowsPerCta = R * kUnpoolerTileN;
+  static_assert(KW % kUnpoolerBlockK == 0 && (2 * kVecs) % ACCS == 0 && kVecs % kChunk == 0);
   static_assert(TILE == 8 || TILE == 16);
+  static_assert(R == 1 || R == 2);
   // Dynamic shared memory: a header (the mbarrier the remote partials
-  // complete on, and y of this CTA, [TILE][16] BF16), then one [kNt][32
-  // lanes][4] FP32 partial per warp of the cluster (the MMA accumulator
-  // fragment as the lanes hold it, so each lane's share is one 16-byte store).
+  // complete on, and y of this CTA, [TILE][16 R] BF16), then one
+  // [R][kNt][32 lanes][4] FP32 partial per warp of the cluster (the MMA
+  // accumulator fragments as the lanes hold them, so each lane's share of a
+  // fragment is one 16-byte store).
   extern __shared__ __align__(16) unsigned char smem[];
   uint64_t* const bar = reinterpret_cast<uint64_t*>(smem);
   __nv_bfloat16* const y_tile = reinterpret_cast<__nv_bfloat16*>(smem + kUnpoolerSmemBarrier);
-  float* const partials = reinterpret_cast<float*>(smem + kUnpoolerSmemHeader);
-  constexpr int kPartial = TILE * kUnpoolerTileN;  // floats per warp partial
-  static_assert(kUnpoolerSmemBarrier + TILE * kUnpoolerTileN * 2 <= kUnpoolerSmemHeader);
+  float* const partials = reinterpret_cast<float*>(smem + unpooler_smem_header(R));
+  constexpr int kFragment = TILE * kUnpoolerTileN;  // floats per (row tile, warp)
+  constexpr int kPartial = R * kFragment;           // floats per warp partial
+  static_assert(kUnpoolerSmemBarrier + TILE * kRowsPerCta * 2 <= unpooler_smem_header(R));
 
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -72,7 +87,7 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW))
   const int g = lane >> 2, t = lane & 3;
   const int split = blockIdx.y, splits = gridDim.y;
   const int k_begin = split * (args.k / splits) + warp * KW + t * 8;
-  const int feature0 = blockIdx.x * kUnpoolerTileN;
+  const int feature0 = blockIdx.x * kRowsPerCta;
   if (splits > 1) {
     // Rank 0 expects one partial from every warp of the other CTAs. Its
     // mbarrier is initialised before the cluster barrier's arrival, which the
@@ -87,16 +102,20 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW))
     ptx::cluster_arrive_relaxed();
   }
 
-  // Weights first: they do not depend on the previous grid.
+  // Weights first: they do not depend on the previous grid. Row tile r's
+  // lane (g, t) reads rows 16r + g (wa) and 16r + g + 8 (wb).
   const __nv_bfloat16* w_lo = args.w + static_cast<size_t>(feature0 + g) * args.k + k_begin;
-  const __nv_bfloat16* w_hi = w_lo + static_cast<size_t>(8) * args.k;
+  const size_t tile_stride = static_cast<size_t>(kUnpoolerTileN) * args.k;
   const uint64_t policy = ptx::l2_policy_evict_first();
-  uint4 wa[kVecs], wb[kVecs];
+  uint4 wa[R][kChunk], wb[R][kChunk];
 #pragma unroll
-  for (int v = 0; v < kVecs; ++v) {
-    wa[v] = ptx::ld_stream_v4(w_lo + v * kUnpoolerBlockK, policy);
-    wb[v] = ptx::ld_stream_v4(w_hi + v * kUnpoolerBlockK, policy);
-  }
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int v = 0; v < kChunk; ++v) {
+      wa[r][v] = ptx::ld_stream_v4(w_lo + r * tile_stride + v * kUnpoolerBlockK, policy);
+      wb[r][v] = ptx::ld_stream_v4(w_lo + r * tile_stride + 8 * static_cast<size_t>(args.k) + v * kUnpoolerBlockK,
+                                   policy);
+    }
 
   // x is written by the previous grid.
   ptx::griddep_wait();
@@ -104,68 +123,93 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW))
 
   // The zero-copy publish's stage, read now (after griddep_wait, like the
   // mailbox's own publisher) so that its latency hides under the weight
-  // loads instead of adding to the CTA's tail. Only warp 0 of rank 0
-  // publishes (2m <= 32 threads). ACTIVE may be written this early: its
-  // reader, the consumer, runs in a later grid.
+  // loads instead of adding to the CTA's tail; by the threads of rank 0 that
+  // store y (2 R m of them, one per 8 features of a token, wrapping around
+  // the block). ACTIVE may be written this early: its reader, the consumer,
+  // runs in a later grid.
   const mailbox_dev::PublishTarget& pub = args.publish;
   uint32_t stage = 0;
-  if (pub.mode != mailbox_dev::PublishTarget::kNone && split == 0 && warp == 0)
-    stage = mailbox_dev::publish_stage(pub, lane == 0 && blockIdx.x == 0);
+  if (pub.mode != mailbox_dev::PublishTarget::kNone && split == 0 && threadIdx.x < 2 * R * args.m)
+    stage = mailbox_dev::publish_stage(pub, threadIdx.x == 0 && blockIdx.x == 0);
 
-  float acc[ACCS][kNt][4];
+  float acc[R][ACCS][kNt][4];
 #pragma unroll
-  for (int a = 0; a < ACCS; ++a)
+  for (int r = 0; r < R; ++r)
 #pragma unroll
-    for (int nt = 0; nt < kNt; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[a][nt][i] = 0.0f;
-
-#pragma unroll
-  for (int v = 0; v < kVecs; ++v) {
-    uint4 xv[kNt];
-#pragma unroll
-    for (int nt = 0; nt < kNt; ++nt) {
-      const int token = nt * 8 + g;
-      xv[nt] = token < args.m
-                   ? ptx::ld_v4(args.x + static_cast<size_t>(token) * args.k + k_begin +
-                                v * kUnpoolerBlockK)
-                   : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const uint32_t a[4] = {word(wa[v], 2 * h), word(wb[v], 2 * h), word(wa[v], 2 * h + 1),
-                             word(wb[v], 2 * h + 1)};
+    for (int a = 0; a < ACCS; ++a)
 #pragma unroll
       for (int nt = 0; nt < kNt; ++nt)
-        ptx::mma_m16n8k16_bf16(acc[(2 * v + h) % ACCS][nt], a, word(xv[nt], 2 * h),
-                               word(xv[nt], 2 * h + 1));
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[r][a][nt][i] = 0.0f;
+
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    if (c > 0) {
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int v = 0; v < kChunk; ++v) {
+          const size_t at = r * tile_stride + (c * kChunk + v) * kUnpoolerBlockK;
+          wa[r][v] = ptx::ld_stream_v4(w_lo + at, policy);
+          wb[r][v] = ptx::ld_stream_v4(w_lo + at + 8 * static_cast<size_t>(args.k), policy);
+        }
+    }
+#pragma unroll
+    for (int v = 0; v < kChunk; ++v) {
+      const int step = 2 * (c * kChunk + v);  // the MMA step of this vector's first half
+      uint4 xv[kNt];
+#pragma unroll
+      for (int nt = 0; nt < kNt; ++nt) {
+        const int token = nt * 8 + g;
+        xv[nt] = token < args.m ? ptx::ld_v4(args.x + static_cast<size_t>(token) * args.k + k_begin +
+                                             (c * kChunk + v) * kUnpoolerBlockK)
+                                : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const uint32_t a[4] = {word(wa[r][v], 2 * h), word(wb[r][v], 2 * h), word(wa[r][v], 2 * h + 1),
+                                 word(wb[r][v], 2 * h + 1)};
+#pragma unroll
+          for (int nt = 0; nt < kNt; ++nt)
+            ptx::mma_m16n8k16_bf16(acc[r][(step + h) % ACCS][nt], a, word(xv[nt], 2 * h),
+                                   word(xv[nt], 2 * h + 1));
+        }
     }
   }
 
   // This warp's partial, reduced over its accumulator sets in order 0..ACCS-1,
   // into slot (split * warps + warp) of rank 0's shared memory.
-  float part[kNt][4];
+  float part[R][kNt][4];
 #pragma unroll
-  for (int nt = 0; nt < kNt; ++nt)
+  for (int r = 0; r < R; ++r)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      part[nt][i] = acc[0][nt][i];
+    for (int nt = 0; nt < kNt; ++nt)
 #pragma unroll
-      for (int a = 1; a < ACCS; ++a) part[nt][i] += acc[a][nt][i];
-    }
+      for (int i = 0; i < 4; ++i) {
+        part[r][nt][i] = acc[r][0][nt][i];
+#pragma unroll
+        for (int a = 1; a < ACCS; ++a) part[r][nt][i] += acc[r][a][nt][i];
+      }
   float* mine = partials + (split * warps + warp) * kPartial + lane * 4;
   if (split == 0) {
 #pragma unroll
-    for (int nt = 0; nt < kNt; ++nt)
-      *reinterpret_cast<float4*>(mine + nt * 32 * 4) = make_float4(part[nt][0], part[nt][1], part[nt][2], part[nt][3]);
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int nt = 0; nt < kNt; ++nt)
+        *reinterpret_cast<float4*>(mine + (r * kNt + nt) * 32 * 4) =
+            make_float4(part[r][nt][0], part[r][nt][1], part[r][nt][2], part[r][nt][3]);
   } else {
     ptx::cluster_wait_acquire();  // rank 0 has started and armed its mbarrier
     const uint32_t remote_bar = ptx::map_cluster_addr(ptx::smem_addr(bar), 0);
     const uint32_t remote = ptx::map_cluster_addr(ptx::smem_addr(mine), 0);
 #pragma unroll
-    for (int nt = 0; nt < kNt; ++nt)
-      ptx::st_async_v4(remote + nt * 32 * 4 * sizeof(float), part[nt][0], part[nt][1], part[nt][2], part[nt][3],
-                       remote_bar);
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int nt = 0; nt < kNt; ++nt)
+        ptx::st_async_v4(remote + (r * kNt + nt) * 32 * 4 * sizeof(float), part[r][nt][0], part[r][nt][1],
+                         part[r][nt][2], part[r][nt][3], remote_bar);
     // The sender may leave now, like any CTA whose last global stores are
     // still in flight: st.async takes its data from registers when it issues,
     // and the only shared memory written is rank 0's, which stays until its
@@ -188,33 +232,35 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW))
   }
 
   // Thread j sums element j of every partial in warp order w = 0, 1, ...
-  // (j in the fragment layout: nt, lane (g, t), register i), so its
-  // shared-memory reads are conflict-free; unrolled so they are in flight
-  // together. y goes to shared memory first, to leave as 16-byte rows.
+  // (j in the fragment layout: row tile, nt, lane (g, t), register i), so
+  // its shared-memory reads are conflict-free; unrolled so they are in
+  // flight together. y goes to shared memory first, to leave as 16-byte rows.
   const int total = splits * warps;
   for (int j = threadIdx.x; j < kPartial; j += blockDim.x) {
-    const int i = j & 3, ln = (j >> 2) & 31, nt = j >> 7;
+    const int i = j & 3, ln = (j >> 2) & 31, r = (j >> 7) / kNt, nt = (j >> 7) % kNt;
     const int token = nt * 8 + 2 * (ln & 3) + (i & 1);
-    const int row = (ln >> 2) + (i >> 1) * 8;
+    const int row = r * kUnpoolerTileN + (ln >> 2) + (i >> 1) * 8;
     if (token >= args.m) continue;
     float s = partials[j];
 #pragma unroll 8
     for (int w = 1; w < total; ++w) s += partials[w * kPartial + j];
-    y_tile[token * kUnpoolerTileN + row] = __float2bfloat16_rn(s);
+    y_tile[token * kRowsPerCta + row] = __float2bfloat16_rn(s);
   }
   __syncthreads();
 
-  // Thread (token, half): 8 features of one token, one 16-byte vector.
-  if (threadIdx.x >= 2 * args.m) return;
-  const int token = threadIdx.x >> 1, col = feature0 + (threadIdx.x & 1) * 8;
-  const uint4 y = *reinterpret_cast<const uint4*>(y_tile + threadIdx.x * 8);
-  *reinterpret_cast<uint4*>(args.out + static_cast<size_t>(token) * args.n + col) = y;
-  if (pub.mode == mailbox_dev::PublishTarget::kNone) return;
-  // Zero-copy publish: exactly what the mailbox's own publisher stores (the
-  // same vectors, -0.0 as +0.0, into this rank's slot of every copy at the
-  // stage NEXT named; with a ticket, the ticket's stage).
-  mailbox_dev::store_to_all(pub.copies, pub.layout.tp, pub.rank,
-                            pub.layout.offset(stage, pub.rank, token, col), mailbox_dev::publish_vec(y));
+  // Item (token, c): features [8c, 8c + 8) of the CTA's rows for one token,
+  // one 16-byte vector; 2 R m items over the block's threads.
+  for (int item = threadIdx.x; item < 2 * R * args.m; item += blockDim.x) {
+    const int token = item / (2 * R), col = feature0 + (item % (2 * R)) * 8;
+    const uint4 y = *reinterpret_cast<const uint4*>(y_tile + item * 8);
+    *reinterpret_cast<uint4*>(args.out + static_cast<size_t>(token) * args.n + col) = y;
+    if (pub.mode == mailbox_dev::PublishTarget::kNone) continue;
+    // Zero-copy publish: exactly what the mailbox's own publisher stores (the
+    // same vectors, -0.0 as +0.0, into this rank's slot of every copy at the
+    // stage NEXT named; with a ticket, the ticket's stage).
+    mailbox_dev::store_to_all(pub.copies, pub.layout.tp, pub.rank,
+                              pub.layout.offset(stage, pub.rank, token, col), mailbox_dev::publish_vec(y));
+  }
 }
 
 }  // namespace spark_decode::kernels

@@ -144,17 +144,20 @@ std::string tune_unpooler(const UnpoolerBenchOptions& o) {
           t.splits = s;
           t.kw = kw;
           t.accs = accs;
-          // The same tactic with two row tiles per CTA at every m, where it
-          // compiles: it gives the same bits, so the table may pick either
-          // per m; a tactic ranks by its mean over m of the better of the two.
-          UnpoolerTactic t2 = t;
-          t2.row_tiles.fill(2);
-          const bool two_rows = !launch_unsupported(n, k, t2);
-          std::printf("  tp %d: %s%s ...", tp, t.to_string().c_str(), two_rows ? " (+ two row tiles)" : "");
+          // The same tactic with 2 and 4 row tiles per CTA at every m, where
+          // they compile: every R gives the same bits, so the table may pick
+          // any per m; a tactic ranks by its mean over m of the best R.
+          std::vector<UnpoolerTactic> variants = {t};
+          for (int rows : {2, 4}) {
+            UnpoolerTactic tr = t;
+            tr.row_tiles.fill(rows);
+            if (!launch_unsupported(n, k, tr)) variants.push_back(tr);
+          }
+          std::printf("  tp %d: %s (%zu row tilings) ...", tp, t.to_string().c_str(), variants.size());
           std::fflush(stdout);
           std::vector<double> best(o.ms.size(), 1e30);
           std::vector<int> best_rows(o.ms.size(), 1);
-          for (const UnpoolerTactic& variant : two_rows ? std::vector<UnpoolerTactic>{t, t2} : std::vector<UnpoolerTactic>{t}) {
+          for (const UnpoolerTactic& variant : variants) {
             Unpooler::Options opt;
             opt.enable_pdl = false;
             opt.tactic = variant;
@@ -175,7 +178,8 @@ std::string tune_unpooler(const UnpoolerBenchOptions& o) {
           for (size_t i = 0; i < o.ms.size(); ++i) {
             sum += best[i];
             char buf[64];
-            std::snprintf(buf, sizeof buf, " m%d=%.2f%s", o.ms[i], best[i], best_rows[i] == 2 ? "(r2)" : "");
+            std::snprintf(buf, sizeof buf, " m%d=%.2f%s", o.ms[i], best[i],
+                          best_rows[i] == 4 ? "(r4)" : best_rows[i] == 2 ? "(r2)" : "");
             line += buf;
           }
           std::printf("%s\n", line.c_str());

@@ -25,18 +25,19 @@ std::string UnpoolerTactic::to_string() const {
     os << from;
   else
     os << "never";
-  // Row tiles only when used, so that SPEC §2.1's tactics print as before.
-  for (int m = 1; m <= kUnpoolerMaxM; ++m)
-    if (row_tiles[m - 1] != 1) {
-      os << " rows32_at_m=";
-      bool first = true;
-      for (int j = m; j <= kUnpoolerMaxM; ++j)
-        if (row_tiles[j - 1] != 1) {
-          os << (first ? "" : ",") << j;
-          first = false;
-        }
-      break;
+  // Row tiles only when used, so that SPEC §2.1's tactics print as before:
+  // the m served with R tiles (16R rows per CTA), as ranges ("1-8,16").
+  for (int rows : {2, 4}) {
+    std::string ranges;
+    for (int m = 1; m <= kUnpoolerMaxM; ++m) {
+      if (row_tiles[m - 1] != rows) continue;
+      int last = m;
+      while (last < kUnpoolerMaxM && row_tiles[last] == rows) ++last;
+      ranges += (ranges.empty() ? "" : ",") + std::to_string(m) + (last > m ? "-" + std::to_string(last) : "");
+      m = last;
     }
+    if (!ranges.empty()) os << " rows" << rows * kUnpoolerTileN << "_at_m=" << ranges;
+  }
   return os.str();
 }
 
@@ -69,42 +70,50 @@ std::optional<std::string> launch_unsupported(int n, int k, int splits, int kw, 
 
 std::optional<std::string> launch_unsupported(int n, int k, const UnpoolerTactic& tactic) {
   if (auto reason = launch_unsupported(n, k, tactic.splits, tactic.kw, tactic.accs)) return reason;
-  bool two_row_tiles = false;
+  int most_rows = 1;
   for (int m = 1; m <= kUnpoolerMaxM; ++m) {
     const int tile = tactic.token_tile[m - 1], rows = tactic.row_tiles[m - 1];
     if ((tile != 8 && tile != 16) || tile < m)
       return detail::concat("token tiles (", tactic.to_string(), ") do not cover M 1..",
                             kUnpoolerMaxM, ": m=", m, " has tile ", tile);
-    if (rows != 1 && rows != 2)
-      return detail::concat("m=", m, " has ", rows, " row tiles per CTA; 1 or 2 are compiled");
-    two_row_tiles |= rows == 2;
+    if (rows != 1 && rows != 2 && rows != 4)
+      return detail::concat("m=", m, " has ", rows, " row tiles per CTA; 1, 2 or 4 are compiled");
+    most_rows = std::max(most_rows, rows);
   }
-  if (!two_row_tiles) return std::nullopt;
   using detail::concat;
-  if (n % (2 * kUnpoolerTileN)) return concat("two row tiles per CTA need N % 32 == 0, got N=", n);
-  if (tactic.accs > 2) return concat("two row tiles per CTA are compiled for accs 1 and 2, got accs=", tactic.accs);
-  const int warps = tactic.warps(k);
-  if (warps > unpooler_max_warps(tactic.kw, 2))
-    return concat("two row tiles per CTA run at most ", unpooler_max_warps(tactic.kw, 2),
-                  " warps per CTA, got ", warps);
-  const int smem = kernels::unpooler_smem_bytes(k, tactic.kw, 16, 2);
-  if (smem > kernels::kMaxSmemPerBlock)
-    return concat(k / tactic.kw, " warp partials of two row tiles need ", smem,
-                  " bytes of shared memory at cluster rank 0, more than ", kernels::kMaxSmemPerBlock);
+  // Every R the tactic uses must fit; R = 4 is the strictest where present.
+  for (int rows : {2, 4}) {
+    if (rows > most_rows ||
+        std::find(tactic.row_tiles.begin(), tactic.row_tiles.end(), rows) == tactic.row_tiles.end())
+      continue;
+    if (n % (rows * kUnpoolerTileN))
+      return concat(rows, " row tiles per CTA need N % ", rows * kUnpoolerTileN, " == 0, got N=", n);
+    if (tactic.accs * rows > 4)
+      return concat(rows, " row tiles per CTA are compiled for accs <= ", 4 / rows, ", got accs=", tactic.accs);
+    const int warps = tactic.warps(k);
+    if (warps > unpooler_max_warps(tactic.kw, rows))
+      return concat(rows, " row tiles per CTA run at most ", unpooler_max_warps(tactic.kw, rows),
+                    " warps per CTA, got ", warps);
+    const int smem = kernels::unpooler_smem_bytes(k, tactic.kw, 16, rows);
+    if (smem > kernels::kMaxSmemPerBlock)
+      return concat(k / tactic.kw, " warp partials of ", rows, " row tiles need ", smem,
+                    " bytes of shared memory at cluster rank 0, more than ", kernels::kMaxSmemPerBlock);
+  }
   return std::nullopt;
 }
 
 namespace {
 
-// rows32_from: the least m served with two row tiles per CTA (17: none).
-UnpoolerTactic make_tactic(int splits, int kw, int accs, int tile16_from, int rows32_from = kUnpoolerMaxM + 1) {
+// Two row tiles per CTA for m in [rows32_from, rows32_to] (default: none).
+UnpoolerTactic make_tactic(int splits, int kw, int accs, int tile16_from, int rows32_from = 0,
+                           int rows32_to = -1) {
   UnpoolerTactic t;
   t.splits = splits;
   t.kw = kw;
   t.accs = accs;
   for (int m = 1; m <= kUnpoolerMaxM; ++m) {
     t.token_tile[m - 1] = m >= tile16_from ? 16 : 8;
-    t.row_tiles[m - 1] = m >= rows32_from ? 2 : 1;
+    t.row_tiles[m - 1] = m >= rows32_from && m <= rows32_to ? 2 : 1;
   }
   return t;
 }
@@ -131,20 +140,26 @@ UnpoolerTactic default_tactic(int n, int k) {
 const std::vector<UnpoolerTacticEntry>& unpooler_tactic_table() {
   // The unpooler's shapes: N = H / tp at K = P, for tp = 1, 2, 4, 8.
   // Chosen by `spark-decode tune unpooler` (every valid tactic, M = 1, 2, 4,
-  // 8, 16, CUDA graphs over cold weights): the lowest mean time over M.
-  static const char* kMeasured = "H200, 2026-12-01, unpooler_tune_2026-12-01: lowest mean us over M 1..16";
+  // 8, 16, each with one and with two row tiles per CTA, CUDA graphs over
+  // cold weights): the lowest mean time over M, taking the better row tiling
+  // at each M (token tile 8 serves M 1..8, 16 serves 9..16).
+  static const char* kMeasured =
+      "H200, 2026-12-01, unpooler_tune_2026-12-01 (a622e6f): lowest mean us over M 1..16";
   static const char* kMeasuredPooler =
-      "H200, 2026-12-01, unpooler_tune_pooler_shapes_2026-12-01: lowest mean us over M 4, 8, 16";
+      "H200, 2026-12-01, unpooler_tune_pooler_shapes_2026-12-01 (a622e6f): lowest mean us over M 4, 8, 16";
   static const std::vector<UnpoolerTacticEntry> table = {
-      {kMuseSpark.hidden / 1, kMuseSpark.pooled, make_tactic(4, 128, 1, 9), kMeasured},
-      {kMuseSpark.hidden / 2, kMuseSpark.pooled, make_tactic(2, 256, 1, 9), kMeasured},
-      {kMuseSpark.hidden / 4, kMuseSpark.pooled, make_tactic(2, 256, 1, 9), kMeasured},
-      {kMuseSpark.hidden / 8, kMuseSpark.pooled, make_tactic(1, 256, 1, 9), kMeasured},
+      // Two row tiles at every M: 19.2-19.3 us at M 1..8 and 21.4 at 16 (one: 23.5-27.7).
+      {kMuseSpark.hidden / 1, kMuseSpark.pooled, make_tactic(2, 256, 1, 9, 1, 16), kMeasured},
+      // 10.5-10.6 us at M 1..8, 12.1 at 16 (one row tile: 12.6-15.0).
+      {kMuseSpark.hidden / 2, kMuseSpark.pooled, make_tactic(2, 256, 2, 9, 1, 16), kMeasured},
+      // Two row tiles win at token tile 8 (6.9-7.0 us), one at 16 (7.9 vs 8.3).
+      {kMuseSpark.hidden / 4, kMuseSpark.pooled, make_tactic(2, 256, 1, 9, 1, 8), kMeasured},
+      {kMuseSpark.hidden / 8, kMuseSpark.pooled, make_tactic(2, 256, 4, 9), kMeasured},
       // The pooler GEMM's shapes N = P / tp at K = H, which the Pooler's MMA
-      // engine serves from b = 4 on: `tune unpooler --pooler-shapes --m 4,8,16`.
-      {kMuseSpark.pooled / 1, kMuseSpark.hidden, make_tactic(8, 256, 1, 9), kMeasuredPooler},
-      {kMuseSpark.pooled / 2, kMuseSpark.hidden, make_tactic(2, 256, 4, 9), kMeasuredPooler},
-      {kMuseSpark.pooled / 4, kMuseSpark.hidden, make_tactic(2, 256, 4, 9), kMeasuredPooler},
+      // engine serves from b = 3 on: `tune unpooler --pooler-shapes --m 4,8,16`.
+      {kMuseSpark.pooled / 1, kMuseSpark.hidden, make_tactic(2, 256, 1, 9, 1, 16), kMeasuredPooler},
+      {kMuseSpark.pooled / 2, kMuseSpark.hidden, make_tactic(2, 256, 1, 9, 1, 16), kMeasuredPooler},
+      {kMuseSpark.pooled / 4, kMuseSpark.hidden, make_tactic(2, 256, 1, 9), kMeasuredPooler},
       {kMuseSpark.pooled / 8, kMuseSpark.hidden, make_tactic(2, 256, 1, 9), kMeasuredPooler},
   };
   return table;
@@ -158,11 +173,16 @@ UnpoolerTactic unpooler_tactic(int n, int k) {
 
 std::string format_unpooler_tactic_table() {
   std::ostringstream os;
-  os << "unpooler tactics (N, K -> S, kw, accs, token tile):\n";
-  for (const auto& e : unpooler_tactic_table())
-    os << "  N=" << e.n << " K=" << e.k << " -> " << e.tactic.to_string() << "  ("
-       << e.tactic.warps(e.k) << " warps/CTA, grid " << e.n / kUnpoolerTileN << "x"
-       << e.tactic.splits << "; " << e.measured << ")\n";
+  os << "unpooler tactics (N, K -> S, kw, accs, token tile, row tiles per CTA where not 1):\n";
+  for (const auto& e : unpooler_tactic_table()) {
+    const auto& r = e.tactic.row_tiles;
+    os << "  N=" << e.n << " K=" << e.k << " -> " << e.tactic.to_string() << "  (" << e.tactic.warps(e.k)
+       << " warps/CTA, grid";
+    for (int rows : {1, 2, 4})
+      if (std::find(r.begin(), r.end(), rows) != r.end())
+        os << " " << e.n / (rows * kUnpoolerTileN) << "x" << e.tactic.splits;
+    os << "; " << e.measured << ")\n";
+  }
   return os.str();
 }
 

@@ -102,23 +102,29 @@ TEST(UnpoolerValidation, RowTilesReasons) {
   t.row_tiles[15] = 2;  // m = 16 with two row tiles
   EXPECT_EQ(t.to_string(), "S=1 kw=64 accs=1 tile16_from_m=9 rows32_at_m=16");
   EXPECT_EQ(reason(weight(32, 256), t), "<supported>");
-  EXPECT_EQ(reason(weight(48, 256), t), "two row tiles per CTA need N % 32 == 0, got N=48");
+  EXPECT_EQ(reason(weight(48, 256), t), "2 row tiles per CTA need N % 32 == 0, got N=48");
   t.row_tiles[3] = 3;
-  EXPECT_EQ(reason(weight(32, 256), t), "m=4 has 3 row tiles per CTA; 1 or 2 are compiled");
+  EXPECT_EQ(reason(weight(32, 256), t), "m=4 has 3 row tiles per CTA; 1, 2 or 4 are compiled");
+  t.row_tiles[3] = 4;
+  EXPECT_EQ(t.to_string(), "S=1 kw=64 accs=1 tile16_from_m=9 rows32_at_m=16 rows64_at_m=4");
+  EXPECT_EQ(reason(weight(32, 256), t), "4 row tiles per CTA need N % 64 == 0, got N=32");
+  EXPECT_EQ(reason(weight(64, 256), t), "<supported>");
+  t.accs = 2;
+  EXPECT_EQ(reason(weight(64, 256), t), "4 row tiles per CTA are compiled for accs <= 1, got accs=2");
   t.row_tiles[3] = 1;
   t.accs = 4;
-  EXPECT_EQ(reason(weight(32, 256), t), "two row tiles per CTA are compiled for accs 1 and 2, got accs=4");
+  EXPECT_EQ(reason(weight(32, 256), t), "2 row tiles per CTA are compiled for accs <= 2, got accs=4");
   // 32 warps of kw = 64 fit one row tile's budget (1024 threads), not two's.
   auto wide = tactic(1, 64, 1);
   wide.row_tiles.fill(2);
   EXPECT_EQ(reason(weight(32, 64 * 32), tactic(1, 64, 1)), "<supported>");
-  EXPECT_EQ(reason(weight(32, 64 * 32), wide), "two row tiles per CTA run at most 16 warps per CTA, got 32");
+  EXPECT_EQ(reason(weight(32, 64 * 32), wide), "2 row tiles per CTA run at most 16 warps per CTA, got 32");
   // 8 x 16 x 64: 128 warp partials of [2][16][16] FP32 = 256 KiB at rank 0.
   auto split8 = tactic(8, 64, 1);
   split8.row_tiles.fill(2);
   EXPECT_EQ(reason(weight(32, 8 * 16 * 64), tactic(8, 64, 1)), "<supported>");
   EXPECT_EQ(reason(weight(32, 8 * 16 * 64), split8),
-            "128 warp partials of two row tiles need 263184 bytes of shared memory at cluster rank 0, more "
+            "128 warp partials of 2 row tiles need 263184 bytes of shared memory at cluster rank 0, more "
             "than 232448");
 }
 

@@ -15,8 +15,8 @@ namespace spark_decode::kernels {
 
 // Threads per CTA the kernel is compiled for, by KW and row tiles R: it
 // bounds registers per thread to 65536 / threads. A lane holds KW / 4
-// registers of weights at R = 1; at R = 2 up to 64 (the kernel loads them in
-// chunks) plus twice the accumulators.
+// registers of weights at R = 1; at R > 1 up to 64 (the kernel loads them in
+// chunks) plus R times the accumulators.
 SPARK_UNPOOLER_HD constexpr int unpooler_max_threads(int kw, int row_tiles = 1) {
   return row_tiles > 1 || kw >= 256 ? 512 : 1024;
 }

@@ -3,11 +3,12 @@
 // Grid (N / (16 R), S), cluster (1, S, 1). CTA (t, s) owns output features
 // [16Rt, 16R(t + 1)) and the K slice [s K / S, (s + 1) K / S); warp w of it
 // owns the KW consecutive K starting at s K / S + w KW. R = 1 is SPEC §2.1's
-// shape. R = 2 (two 16-row MMA tiles per warp sharing every activation
-// fragment) is for large batches: each CTA reads its K slice of x once per
-// CTA, so at m = 16 and R = 1 the L2 serves as many x bytes as weight bytes
-// and, not HBM, sets the pace (bench/NOTES.md); R = 2 halves that traffic.
-// A row's arithmetic is the same for both (below), so R may change with m.
+// shape. R = 2 or 4 (16-row MMA tiles per warp sharing every activation
+// fragment): each CTA reads its K slice of x once, so at m = 16 and R = 1
+// the L2 serves as many x bytes as weight bytes and, not HBM, sets the pace
+// (bench/NOTES.md); R tiles divide that traffic by R. Fewer, larger CTAs
+// also fit the grid in fewer waves. A row's arithmetic is the same for
+// every R (below), so R may change with m.
 //
 // Why this shape: at m <= 16 the GEMM is a pure weight stream (16 bytes of W
 // per 2..32 FLOP), so the kernel's only job is to keep enough weight bytes in
@@ -59,15 +60,15 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW, R))
   constexpr int kVecs = KW / kUnpoolerBlockK;  // 16-byte vectors per row per lane
   constexpr int kNt = TILE / 8;                // n8 MMAs per step
   // Weight vectors are loaded kChunk at a time per row tile: all of them at
-  // R = 1 (the whole slice in flight before griddepcontrol.wait); at R = 2
-  // at most 4, so that the two tiles hold no more registers than one R = 1
+  // R = 1 (the whole slice in flight before griddepcontrol.wait); at R > 1
+  // at most 8 / R, so that the R tiles hold no more registers than one R = 1
   // tile of KW = 256 (unpooler_max_threads).
-  constexpr int kChunk = R == 1 ? kVecs : (kVecs < 4 ? kVecs : 4);
+  constexpr int kChunk = R == 1 ? kVecs : (kVecs < 8 / R ? kVecs : 8 / R);
   constexpr int kChunks = kVecs / kChunk;
   constexpr int kRowsPerCta = R * kUnpoolerTileN;
   static_assert(KW % kUnpoolerBlockK == 0 && (2 * kVecs) % ACCS == 0 && kVecs % kChunk == 0);
   static_assert(TILE == 8 || TILE == 16);
-  static_assert(R == 1 || R == 2);
+  static_assert(R == 1 || R == 2 || R == 4);
   // Dynamic shared memory: a header (the mbarrier the remote partials
   // complete on, and y of this CTA, [TILE][16 R] BF16), then one
   // [R][kNt][32 lanes][4] FP32 partial per warp of the cluster (the MMA

@@ -144,11 +144,13 @@ std::string tune_unpooler(const UnpoolerBenchOptions& o) {
           t.splits = s;
           t.kw = kw;
           t.accs = accs;
-          // The same tactic with 2 and 4 row tiles per CTA at every m, where
-          // they compile: every R gives the same bits, so the table may pick
-          // any per m; a tactic ranks by its mean over m of the best R.
+          // The same tactic with each compiled R > 1 row tiles per CTA at
+          // every m, where it compiles: every R gives the same bits, so the
+          // table may pick any per m; a tactic ranks by its mean over m of
+          // the best R.
           std::vector<UnpoolerTactic> variants = {t};
-          for (int rows : {2, 4}) {
+          for (int rows : kUnpoolerRowTiles) {
+            if (rows == 1) continue;
             UnpoolerTactic tr = t;
             tr.row_tiles.fill(rows);
             if (!launch_unsupported(n, k, tr)) variants.push_back(tr);
@@ -179,7 +181,7 @@ std::string tune_unpooler(const UnpoolerBenchOptions& o) {
             sum += best[i];
             char buf[64];
             std::snprintf(buf, sizeof buf, " m%d=%.2f%s", o.ms[i], best[i],
-                          best_rows[i] == 4 ? "(r4)" : best_rows[i] == 2 ? "(r2)" : "");
+                          best_rows[i] > 1 ? ("(r" + std::to_string(best_rows[i]) + ")").c_str() : "");
             line += buf;
           }
           std::printf("%s\n", line.c_str());

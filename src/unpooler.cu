@@ -16,6 +16,8 @@ using KernelFn = void (*)(kernels::UnpoolerArgs);
 
 // The compiled variants: kUnpoolerKws x tile {8, 16} x (accs, row tiles)
 // with accs * row tiles <= 4 (launch_unsupported refuses the rest).
+static_assert(kUnpoolerRowTiles.size() == 2 && kUnpoolerRowTiles[1] == 2,
+              "keep the dispatch in step with kUnpoolerRowTiles");
 template <int KW, int ACCS, int R>
 KernelFn pick_tile(int tile) {
   return tile == 8 ? kernels::unpooler_kernel<KW, ACCS, 8, R> : kernels::unpooler_kernel<KW, ACCS, 16, R>;
@@ -23,7 +25,6 @@ KernelFn pick_tile(int tile) {
 
 template <int KW>
 KernelFn pick_accs(int accs, int tile, int row_tiles) {
-  if (row_tiles == 4) return pick_tile<KW, 1, 4>(tile);
   if (row_tiles == 2) return accs == 1 ? pick_tile<KW, 1, 2>(tile) : pick_tile<KW, 2, 2>(tile);
   switch (accs) {
     case 1: return pick_tile<KW, 1, 1>(tile);
@@ -42,7 +43,7 @@ KernelFn unpooler_kernel_for(int kw, int accs, int tile, int row_tiles) {
   }
 }
 
-int variant_index(int tile, int row_tiles) { return (tile == 8 ? 0 : 3) + (row_tiles == 4 ? 2 : row_tiles - 1); }
+int variant_index(int tile, int row_tiles) { return (tile == 8 ? 0 : 2) + row_tiles - 1; }
 
 kernels::LaunchShape launch_shape(int n, int k, const UnpoolerTactic& t, int tile, int row_tiles, bool pdl) {
   kernels::LaunchShape shape;

@@ -13,7 +13,7 @@
 //   out  BF16 [m, N] contiguous, 16-byte aligned, same device; may not alias x.
 //   The tactic: K = S * warps * kw with S in {1, 2, 4, 8}, 1 <= warps <= 32,
 //   kw one of the compiled widths, accs in {1, 2, 4}; for a batch served
-//   with R = 2 or 4 row tiles per CTA also N % 16R == 0 and accs * R <= 4.
+//   with R = 2 row tiles per CTA also N % 32 == 0 and accs <= 2.
 //
 // Semantics: out = bf16_rne(sum_k x * w) with FP32 accumulation in an order
 // fixed by (N, K, S, kw, accs) alone (not by the token tile or row tiles),
@@ -56,6 +56,9 @@ inline constexpr int kUnpoolerMaxM = 16;
 // run per CTA: a warp holds its whole weight slice in registers (kw / 4 of
 // them per thread), so wider slices leave room for fewer threads.
 inline constexpr std::array<int, 3> kUnpoolerKws = {64, 128, 256};
+// The row tiles per CTA with a compiled kernel (UnpoolerTactic::row_tiles).
+// 4 was measured too and lost at every shape (bench/NOTES.md).
+inline constexpr std::array<int, 2> kUnpoolerRowTiles = {1, 2};
 int unpooler_max_warps(int kw, int row_tiles = 1);
 
 // Launch shape of the unpooler GEMM.
@@ -66,11 +69,11 @@ struct UnpoolerTactic {
   // token_tile[m - 1]: the token tile (8 or 16) that serves a batch of m.
   std::array<int, kUnpoolerMaxM> token_tile = {8, 8, 8, 8, 8, 8, 8, 8,
                                                16, 16, 16, 16, 16, 16, 16, 16};
-  // row_tiles[m - 1]: 16-row MMA tiles per CTA (R = 1, 2 or 4) for a batch
-  // of m. 1 is SPEC §2.1's shape (a CTA owns 16 features); R > 1 lets a CTA
-  // own 16R and reuse each activation fragment for all of them, dividing
-  // the activation reads that bound large batches by R, in fewer waves.
-  // Every R gives the same bits.
+  // row_tiles[m - 1]: 16-row MMA tiles per CTA (R, one of
+  // kUnpoolerRowTiles) for a batch of m. 1 is SPEC §2.1's shape (a CTA owns
+  // 16 features); R = 2 lets a CTA own 32 and reuse each activation
+  // fragment for both, halving the activation reads that bound large
+  // batches, in half the CTAs. Every R gives the same bits.
   std::array<int, kUnpoolerMaxM> row_tiles = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
 
   int warps(int k) const { return k / (splits * kw); }
@@ -97,7 +100,7 @@ std::string format_unpooler_tactic_table();
 // CTAs, `kw` K per warp and `accs` accumulators, or nullopt.
 std::optional<std::string> launch_unsupported(int n, int k, int splits, int kw, int accs);
 // The same, plus the token tiles (each 8 or 16, covering its m) and the row
-// tiles (1; or 2 or 4 where N % 16R == 0, accs * R <= 4 and the partials fit).
+// tiles (1; or 2 where N % 32 == 0, accs <= 2 and the partials fit).
 std::optional<std::string> launch_unsupported(int n, int k, const UnpoolerTactic& tactic);
 
 class Unpooler {
@@ -144,7 +147,7 @@ class Unpooler {
   bool enable_pdl() const { return enable_pdl_; }
   const UnpoolerTactic& tactic() const { return tactic_; }
   // Whether the kernel for token tile `tile` (8 or 16) with `row_tiles`
-  // (1, 2 or 4) is prepared.
+  // (1 or 2) is prepared.
   bool prepared(int tile, int row_tiles = 1) const;
 
  private:
@@ -157,7 +160,7 @@ class Unpooler {
   int32_t* ticket_ = nullptr;
   bool enable_pdl_;
   UnpoolerTactic tactic_;
-  std::array<bool, 6> prepared_{};  // [tile 8, 16] x [row tiles 1, 2, 4]
+  std::array<bool, 4> prepared_{};  // [tile 8, 16] x [row tiles 1, 2]
 };
 
 }  // namespace spark_decode

@@ -104,14 +104,15 @@ TEST(UnpoolerValidation, RowTilesReasons) {
   EXPECT_EQ(reason(weight(32, 256), t), "<supported>");
   EXPECT_EQ(reason(weight(48, 256), t), "2 row tiles per CTA need N % 32 == 0, got N=48");
   t.row_tiles[3] = 3;
-  EXPECT_EQ(reason(weight(32, 256), t), "m=4 has 3 row tiles per CTA; 1, 2 or 4 are compiled");
+  EXPECT_EQ(reason(weight(32, 256), t), "m=4 has 3 row tiles per CTA; 1 or 2 are compiled");
   t.row_tiles[3] = 4;
-  EXPECT_EQ(t.to_string(), "S=1 kw=64 accs=1 tile16_from_m=9 rows32_at_m=16 rows64_at_m=4");
-  EXPECT_EQ(reason(weight(32, 256), t), "4 row tiles per CTA need N % 64 == 0, got N=32");
-  EXPECT_EQ(reason(weight(64, 256), t), "<supported>");
+  EXPECT_EQ(reason(weight(64, 256), t), "m=4 has 4 row tiles per CTA; 1 or 2 are compiled");
+  t.row_tiles[3] = 2;
+  EXPECT_EQ(t.to_string(), "S=1 kw=64 accs=1 tile16_from_m=9 rows32_at_m=4,16");
+  t.row_tiles[4] = t.row_tiles[5] = 2;
+  EXPECT_EQ(t.to_string(), "S=1 kw=64 accs=1 tile16_from_m=9 rows32_at_m=4-6,16");
   t.accs = 2;
-  EXPECT_EQ(reason(weight(64, 256), t), "4 row tiles per CTA are compiled for accs <= 1, got accs=2");
-  t.row_tiles[3] = 1;
+  EXPECT_EQ(reason(weight(32, 256), t), "<supported>");
   t.accs = 4;
   EXPECT_EQ(reason(weight(32, 256), t), "2 row tiles per CTA are compiled for accs <= 2, got accs=4");
   // 32 warps of kw = 64 fit one row tile's budget (1024 threads), not two's.

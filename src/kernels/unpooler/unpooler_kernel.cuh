@@ -3,11 +3,11 @@
 // Grid (N / (16 R), S), cluster (1, S, 1). CTA (t, s) owns output features
 // [16Rt, 16R(t + 1)) and the K slice [s K / S, (s + 1) K / S); warp w of it
 // owns the KW consecutive K starting at s K / S + w KW. R = 1 is SPEC §2.1's
-// shape. R = 2 or 4 (16-row MMA tiles per warp sharing every activation
+// shape. R = 2 (two 16-row MMA tiles per warp sharing every activation
 // fragment): each CTA reads its K slice of x once, so at m = 16 and R = 1
 // the L2 serves as many x bytes as weight bytes and, not HBM, sets the pace
-// (bench/NOTES.md); R tiles divide that traffic by R. Fewer, larger CTAs
-// also fit the grid in fewer waves. A row's arithmetic is the same for
+// (bench/NOTES.md); R = 2 halves that traffic, and half as many, larger
+// CTAs fit the grid in fewer waves. A row's arithmetic is the same for
 // every R (below), so R may change with m.
 //
 // Why this shape: at m <= 16 the GEMM is a pure weight stream (16 bytes of W
@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW, R))
   constexpr int kRowsPerCta = R * kUnpoolerTileN;
   static_assert(KW % kUnpoolerBlockK == 0 && (2 * kVecs) % ACCS == 0 && kVecs % kChunk == 0);
   static_assert(TILE == 8 || TILE == 16);
-  static_assert(R == 1 || R == 2 || R == 4);
+  static_assert(R == 1 || R == 2);
   // Dynamic shared memory: a header (the mbarrier the remote partials
   // complete on, and y of this CTA, [TILE][16 R] BF16), then one
   // [R][kNt][32 lanes][4] FP32 partial per warp of the cluster (the MMA

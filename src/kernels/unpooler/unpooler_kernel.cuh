@@ -59,20 +59,12 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW, R))
     unpooler_kernel(const UnpoolerArgs args) {
   constexpr int kVecs = KW / kUnpoolerBlockK;  // 16-byte vectors per row per lane
   constexpr int kNt = TILE / 8;                // n8 MMAs per step
-  // Weight vectors are loaded kChunk at a time per row tile into kBufs
-  // register buffers: at R = 1 all of them at once (the whole slice in
-  // flight before griddepcontrol.wait); at R > 1 the R tiles may hold no
-  // more registers than one R = 1 tile of KW = 256 (8 vectors per row pair,
-  // unpooler_max_threads), split into kDepth buffers that are refilled as
-  // they are consumed, so that loads stay in flight while the MMAs run.
-#ifndef SPARK_UNPOOLER_DEPTH
-#define SPARK_UNPOOLER_DEPTH 1
-#endif
-  constexpr int kDepth = R == 1 ? 1 : SPARK_UNPOOLER_DEPTH;
-  constexpr int kBudget = 8 / R / kDepth;
-  constexpr int kChunk = R == 1 ? kVecs : (kVecs < kBudget ? kVecs : kBudget);
+  // Weight vectors are loaded kChunk at a time per row tile: all of them at
+  // R = 1 (the whole slice in flight before griddepcontrol.wait); at R > 1
+  // at most 8 / R, so that the R tiles hold no more registers than one R = 1
+  // tile of KW = 256 (unpooler_max_threads).
+  constexpr int kChunk = R == 1 ? kVecs : (kVecs < 8 / R ? kVecs : 8 / R);
   constexpr int kChunks = kVecs / kChunk;
-  constexpr int kBufs = kChunks < kDepth ? kChunks : kDepth;
   constexpr int kRowsPerCta = R * kUnpoolerTileN;
   static_assert(KW % kUnpoolerBlockK == 0 && (2 * kVecs) % ACCS == 0 && kVecs % kChunk == 0);
   static_assert(TILE == 8 || TILE == 16);
@@ -116,20 +108,15 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW, R))
   const __nv_bfloat16* w_lo = args.w + static_cast<size_t>(feature0 + g) * args.k + k_begin;
   const size_t tile_stride = static_cast<size_t>(kUnpoolerTileN) * args.k;
   const uint64_t policy = ptx::l2_policy_evict_first();
-  uint4 wa[kBufs][R][kChunk], wb[kBufs][R][kChunk];
-  // Chunk c goes to buffer c % kBufs.
-  auto load_chunk = [&](int c) {
+  uint4 wa[R][kChunk], wb[R][kChunk];
 #pragma unroll
-    for (int r = 0; r < R; ++r)
+  for (int r = 0; r < R; ++r)
 #pragma unroll
-      for (int v = 0; v < kChunk; ++v) {
-        const size_t at = r * tile_stride + (c * kChunk + v) * kUnpoolerBlockK;
-        wa[c % kBufs][r][v] = ptx::ld_stream_v4(w_lo + at, policy);
-        wb[c % kBufs][r][v] = ptx::ld_stream_v4(w_lo + at + 8 * static_cast<size_t>(args.k), policy);
-      }
-  };
-#pragma unroll
-  for (int c = 0; c < kBufs; ++c) load_chunk(c);
+    for (int v = 0; v < kChunk; ++v) {
+      wa[r][v] = ptx::ld_stream_v4(w_lo + r * tile_stride + v * kUnpoolerBlockK, policy);
+      wb[r][v] = ptx::ld_stream_v4(w_lo + r * tile_stride + 8 * static_cast<size_t>(args.k) + v * kUnpoolerBlockK,
+                                   policy);
+    }
 
   // x is written by the previous grid.
   ptx::griddep_wait();
@@ -158,7 +145,16 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW, R))
 
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
-    const int buf = c % kBufs;
+    if (c > 0) {
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int v = 0; v < kChunk; ++v) {
+          const size_t at = r * tile_stride + (c * kChunk + v) * kUnpoolerBlockK;
+          wa[r][v] = ptx::ld_stream_v4(w_lo + at, policy);
+          wb[r][v] = ptx::ld_stream_v4(w_lo + at + 8 * static_cast<size_t>(args.k), policy);
+        }
+    }
 #pragma unroll
     for (int v = 0; v < kChunk; ++v) {
       const int step = 2 * (c * kChunk + v);  // the MMA step of this vector's first half
@@ -174,16 +170,14 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW, R))
       for (int h = 0; h < 2; ++h)
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-          const uint32_t a[4] = {word(wa[buf][r][v], 2 * h), word(wb[buf][r][v], 2 * h),
-                                 word(wa[buf][r][v], 2 * h + 1), word(wb[buf][r][v], 2 * h + 1)};
+          const uint32_t a[4] = {word(wa[r][v], 2 * h), word(wb[r][v], 2 * h), word(wa[r][v], 2 * h + 1),
+                                 word(wb[r][v], 2 * h + 1)};
 #pragma unroll
           for (int nt = 0; nt < kNt; ++nt)
             ptx::mma_m16n8k16_bf16(acc[r][(step + h) % ACCS][nt], a, word(xv[nt], 2 * h),
                                    word(xv[nt], 2 * h + 1));
         }
     }
-    // This chunk's buffer is consumed: refill it with the chunk kBufs ahead.
-    if (c + kBufs < kChunks) load_chunk(c + kBufs);
   }
 
   // This warp's partial, reduced over its accumulator sets in order 0..ACCS-1,

@@ -49,18 +49,6 @@
 //      with early-launched CTAs parked in their wait while a peer's kernel
 //      that the consumer spins on cannot be scheduled (tests that share a
 //      GPU keep host barriers around such steps).
-//   7. Consumers guess their stage before their wait and load the guessed
-//      slot alongside ACTIVE, instead of after it (one round trip less on the
-//      path from the publisher's completion to the consumer's). The guess is
-//      NEXT: the previous call's consumer wrote it, and this consumer cannot
-//      have launched before that one completed (every publisher of ours
-//      lets its dependents launch only after its own wait, which returns
-//      after the previous consumer completed), while this call's consumer
-//      itself advances NEXT only after its wait. ACTIVE still decides: a
-//      wrong guess (a caller's kernel launching early between ours, a ticket)
-//      costs a second load, never a wrong read, and the guessed slot's
-//      value is used only when ACTIVE names that stage and the load was
-//      made after the wait, where the Lamport rule (3) holds.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -204,18 +192,11 @@ __device__ __forceinline__ bool vec_has_sentinel(const uint4& v) {
   return mailbox::vec_has_sentinel(v.x, v.y, v.z, v.w);
 }
 
-// Consumer, before griddepcontrol.wait: the stage this call most likely
-// reads (ordering 7). Only ACTIVE, read after the wait, decides.
-__device__ __forceinline__ int guess_stage(const int32_t* state) {
-  return static_cast<int>(mailbox::word_stage(read_next(state)));
-}
-
 // Spins on the 16-byte vector at `ptr` (in this rank's own copy) until no
-// BF16 lane holds the sentinel; returns it. `v` is a load of `ptr` already
-// made after griddepcontrol.wait (the first poll). Traps after
-// limit.timeout_ns.
-__device__ __forceinline__ uint4 poll_vec(uint4 v, const uint16_t* ptr, const SpinLimit& limit, int stage,
+// BF16 lane holds the sentinel; returns it. Traps after limit.timeout_ns.
+__device__ __forceinline__ uint4 poll_vec(const uint16_t* ptr, const SpinLimit& limit, int stage,
                                           int source, int row) {
+  uint4 v = ptx::ld_volatile_v4(ptr);
   if (!vec_has_sentinel(v)) return v;
   const uint64_t start = ptx::globaltimer_ns();
   while (true) {
@@ -223,16 +204,6 @@ __device__ __forceinline__ uint4 poll_vec(uint4 v, const uint16_t* ptr, const Sp
     if (!vec_has_sentinel(v)) return v;
     if (ptx::globaltimer_ns() - start > limit.timeout_ns) spin_timeout(limit, stage, source, row);
   }
-}
-__device__ __forceinline__ uint4 poll_vec(const uint16_t* ptr, const SpinLimit& limit, int stage, int source,
-                                          int row) {
-  return poll_vec(ptx::ld_volatile_v4(ptr), ptr, limit, stage, source, row);
-}
-// The same, given `early`, a load of the slot of stage `guess` made after
-// the wait and before ACTIVE's (ordering 7): used when `stage` is `guess`.
-__device__ __forceinline__ uint4 poll_vec_guessed(uint4 early, int guess, const uint16_t* ptr,
-                                                  const SpinLimit& limit, int stage, int source, int row) {
-  return stage == guess ? poll_vec(early, ptr, limit, stage, source, row) : poll_vec(ptr, limit, stage, source, row);
 }
 
 // Restores the sentinel in this rank's own copy for stage `stage`, source

@@ -53,25 +53,21 @@ struct MailboxGatherArgs {
 // of the previous call's rows i, i + b, ...
 __global__ void mailbox_gather_kernel(const MailboxGatherArgs a) {
   // The next grid may launch now (mailbox_device.cuh, ordering 6); ACTIVE
-  // comes from this call's publisher, the guess from the previous consumer
-  // (ordering 7).
+  // comes from this call's publisher.
   ptx::griddep_launch_dependents();
-  const int guess = mailbox_dev::guess_stage(a.state);
+  ptx::griddep_wait();
+  const uint32_t active = mailbox_dev::read_active(a.state);
+  if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0) mailbox_dev::advance(a.state, active, a.b);
+
   const int vecs = a.layout.row_vecs();
   const int row = blockIdx.x;
   const int fragment = blockIdx.y * blockDim.x + threadIdx.x;
+  if (fragment >= a.layout.tp * vecs) return;
   const int source = fragment / vecs, col = (fragment % vecs) * mailbox::kVecElems;
-  const bool mine = fragment < a.layout.tp * vecs;
-  ptx::griddep_wait();
-  uint4 early{};
-  if (mine) early = ptx::ld_volatile_v4(a.local + a.layout.offset(guess, source, row, col));
-  const uint32_t active = mailbox_dev::read_active(a.state);
-  if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0) mailbox_dev::advance(a.state, active, a.b);
-  if (!mine) return;
   const int stage = mailbox::word_stage(active);
 
-  const uint4 v = mailbox_dev::poll_vec_guessed(early, guess, a.local + a.layout.offset(stage, source, row, col),
-                                                a.spin, stage, source, row);
+  const uint4 v = mailbox_dev::poll_vec(a.local + a.layout.offset(stage, source, row, col), a.spin,
+                                        stage, source, row);
   ptx::st_v4(a.out + int64_t(row) * a.layout.tp * a.layout.width +
                  int64_t(fragment) * mailbox::kVecElems,
              v);

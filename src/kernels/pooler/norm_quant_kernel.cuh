@@ -50,20 +50,16 @@ __global__ void norm_quant_gather_kernel(const NormQuantGatherArgs a) {
   // ACTIVE comes from this call's publisher. The global scale is read after
   // the wait, as the stock quantize kernel reads it: a scale some earlier
   // kernel computes is then seen alike by both paths.
-  // The guessed stage's two vectors are loaded alongside ACTIVE (ordering 7).
-  const int guess = mailbox_dev::guess_stage(a.state);
   ptx::griddep_wait();
-  const uint4 early0 = ptx::ld_volatile_v4(a.local + a.layout.offset(guess, source, row, col));
-  const uint4 early1 = ptx::ld_volatile_v4(a.local + a.layout.offset(guess, source, row, col + 8));
   const float global_scale = *a.global_scale;
   const uint32_t active = mailbox_dev::read_active(a.state);
   if (t == 0 && row == 0) mailbox_dev::advance(a.state, active, a.b);
   const int stage = mailbox::word_stage(active);
 
-  const uint4 v0 = mailbox_dev::poll_vec_guessed(early0, guess, a.local + a.layout.offset(stage, source, row, col),
-                                                 a.spin, stage, source, row);
-  const uint4 v1 = mailbox_dev::poll_vec_guessed(
-      early1, guess, a.local + a.layout.offset(stage, source, row, col + 8), a.spin, stage, source, row);
+  const uint4 v0 = mailbox_dev::poll_vec(a.local + a.layout.offset(stage, source, row, col), a.spin, stage,
+                                         source, row);
+  const uint4 v1 = mailbox_dev::poll_vec(a.local + a.layout.offset(stage, source, row, col + 8), a.spin,
+                                         stage, source, row);
   const int cleared = mailbox::clear_stage(stage), rows_prev = mailbox::word_rows(active);
   mailbox_dev::clear_rows(a.local, a.layout, cleared, source, col, row, gridDim.x, rows_prev);
   mailbox_dev::clear_rows(a.local, a.layout, cleared, source, col + 8, row, gridDim.x, rows_prev);

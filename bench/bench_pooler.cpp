@@ -178,7 +178,7 @@ void pooler_vs_stock(const PoolerBenchOptions& o, int tp, Report& report) {
   const double floor = floor_us(size_t{2} * shard * H, report.hbm_read_TBps);
   for (const auto& [b, t] : results) {
     const auto [run_us, stock_us, split_us] = t;
-    report.records.push_back({"pooler", "spark", "run: GEMM epilogue publishes (PDL)", "graph", tp, b, P, H, run_us, floor});
+    report.records.push_back({"pooler", "spark", "run (PDL; publish route of the table)", "graph", tp, b, P, H, run_us, floor});
     report.records.push_back({"pooler", "spark", "project+publish+gather (PDL)", "graph", tp, b, P, H, split_us, floor});
     report.records.push_back({"pooler", "stock", "cublas+ncclAllGather+norm+quantize", "graph", tp, b, P, H, stock_us, floor});
     std::printf("pooler tp %d b=%2d: Pooler.run %6.2f us (project+publish+gather %6.2f), stock %6.2f us -> %.2fx "
@@ -220,7 +220,8 @@ std::string bench_pooler(const PoolerBenchOptions& o) {
       "table's choice); graph = PDL off, pdl_chain = PDL on; cublas = the fastest cuBLASLt candidate.");
   report.notes.push_back(
       "pooler: one graph of the 60 NVFP4 layers in order (distinct weights), per-call time; spark run = Pooler.run "
-      "(the GEMM, its epilogue publishing, then the fused gather/norm/NVFP4: two kernels, PDL on); spark "
+      "(the GEMM publishing from its epilogue or followed by the publish kernel, as pooler_fused_publish's table "
+      "says, then the fused gather/norm/NVFP4; PDL on); spark "
       "project+publish+gather = the same work as three kernels; stock = cuBLAS + ncclAllGather + [tp][b][P/tp] -> "
       "[b][P] copies + ExpertNorm + nvfp4_quantize (PDL off; no NCCL at tp 1). n = P, k = H; floor = this rank's "
       "weight bytes over the measured HBM read bandwidth.");

@@ -211,12 +211,19 @@ PoolerOutput Pooler::gather(int layer, int b, cudaStream_t stream) {
   return out;
 }
 
-// project + publish + gather, with the publish done by the GEMM's epilogue
+// project + publish + gather. The publish is done by the GEMM's epilogue
 // (PoolerGemm::run_publish: the same mailbox bytes and stage word as
-// publish(), one kernel fewer between this layer's GEMM and the next's).
+// publish(), one kernel fewer between this layer's GEMM and the next's) or
+// by the publish kernel, whichever pooler_fused_publish's table measured
+// faster at (tp, b).
 PoolerOutput Pooler::run(int layer, const void* x, int b, cudaStream_t stream) {
   check_call(layer, b, "run");
-  gemms_[layer].run_publish(x, shard_, b, stream);
+  if (pooler_fused_publish(tp_, b)) {
+    gemms_[layer].run_publish(x, shard_, b, stream);
+  } else {
+    gemms_[layer].run(x, shard_, b, stream);
+    publish(b, stream);
+  }
   return gather(layer, b, stream);
 }
 

@@ -101,6 +101,18 @@ PoolerGemmChoice pooler_gemm_choice(int n, int k, int tp, int b) {
   return mma();
 }
 
+// Measured on two H200s (bench/results/pooler_2026-12-01_6cde81d and
+// _4777a2c: Pooler.run against project + publish + gather, b = 1, 4, 8, 16):
+// at tp 1 the fused publish wins at every b (0.2-0.7 us); at tp 2 the
+// publish kernel wins at b = 1 (0.5-0.8 us) and 16 (1.1 us), ties at 8 and
+// loses at 4. Between the measured b: the skinny GEMM's b (1-2) and the
+// 16-token tiles (9-16) follow b = 1 and 16, the 8-token tiles (3-8) b = 4.
+// Unmeasured tp keep the fused publish.
+bool pooler_fused_publish(int tp, int b) {
+  if (tp != 2) return true;
+  return b >= 3 && b <= 8;
+}
+
 std::string format_pooler_gemm_table() {
   std::ostringstream os;
   os << "pooler GEMM (N = P/tp, K = H; by tp and b; H200 2026-12-01 at b = 1, 2, 3, 4, 6, 8):\n";
@@ -121,7 +133,10 @@ std::string format_pooler_gemm_table() {
         last = c;
       }
     }
-    os << "\n";
+    os << "\n    Pooler.run publishes from the GEMM's epilogue at b";
+    for (int b = 1; b <= kPoolerMaxBatch; ++b)
+      if (pooler_fused_publish(tp, b)) os << " " << b;
+    os << "; with the publish kernel at the others\n";
   }
   return os.str();
 }

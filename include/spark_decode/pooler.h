@@ -18,7 +18,8 @@
 //                           mailbox's sentinel being -0.0).
 //   run = project + publish + gather, the publish done by the GEMM's own
 //           epilogue (the same mailbox bytes and stage word as publish(),
-//           one kernel fewer: two kernels per call).
+//           one kernel fewer: two kernels per call) or by the publish
+//           kernel, as pooler_fused_publish(tp, b) measured faster.
 // One mailbox serves every layer; every rank runs its calls in the same
 // order with the same b (see mailbox.h). Outputs are views of scratch that
 // the next call overwrites.

@@ -79,6 +79,11 @@ std::optional<std::string> pooler_gemm_unsupported(int n, int k, int m, const Po
 // (tp, b); for other shapes the first compiled skinny shape that supports
 // them, else mma.
 PoolerGemmChoice pooler_gemm_choice(int n, int k, int tp, int b);
+// How Pooler::run publishes at (tp, b): from the GEMM's epilogue
+// (PoolerGemm::run_publish, one kernel fewer) or with the mailbox's publish
+// kernel after a plain GEMM. Either writes the same bytes and stage word;
+// the table holds the one measured faster.
+bool pooler_fused_publish(int tp, int b);
 std::string format_pooler_gemm_table();
 
 class PoolerGemm {

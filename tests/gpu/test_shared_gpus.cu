@@ -77,6 +77,7 @@ TEST(SharedGpus, Tp2OnOneGpu) {
         mailbox_tests::payloads_arrive_bit_for_bit(g, device, width, seed);
         mailbox_tests::many_calls_random_rows(g, device, width, 2000, seed);
         publish_tests::zero_copy_equals_publish(g, sd::kMuseSpark.hidden / 2, sd::kMuseSpark.pooled, seed);
+        publish_tests::zero_copy_equals_publish(g, 96, 2048, seed, publish_tests::one_warp_two_row_tiles());
       },
       /*devices=*/1));
 }

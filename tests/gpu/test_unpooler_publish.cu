@@ -35,6 +35,10 @@ TEST(UnpoolerPublish, ZeroCopyEqualsPlainRunPlusPublish) {
   const uint64_t s = seed();
   for (auto [n, k] : {std::pair{kModelN, kModelK}, std::pair{48, 256}})
     expect_no_failures(run_on_gpus(kTp, [&](sd::Group& g, int) { zero_copy_equals_publish(g, n, k, s); }));
+  // Two row tiles in one-warp CTAs of an 8-CTA cluster: the 2 R m = 64
+  // publishing items of m = 16 wrap around the 32 threads of rank 0.
+  expect_no_failures(
+      run_on_gpus(kTp, [&](sd::Group& g, int) { zero_copy_equals_publish(g, 96, 2048, s, one_warp_two_row_tiles()); }));
 }
 
 TEST(UnpoolerPublish, TenThousandConsecutiveBoundaries) {

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -34,6 +35,18 @@ namespace spark_decode::testing::publish_tests {
   do {                                                                                             \
     if (!(cond)) throw std::runtime_error(::spark_decode::detail::concat("rank ", rank, ": ", __VA_ARGS__)); \
   } while (0)
+
+// A tactic for [96, 2048] whose CTAs are one warp (S = 8, kw = 256) with two
+// row tiles at every m: the zero-copy epilogue's 2 R m items wrap around the
+// block from m = 9 on.
+inline UnpoolerTactic one_warp_two_row_tiles() {
+  UnpoolerTactic t;
+  t.splits = 8;
+  t.kw = 256;
+  t.accs = 1;
+  t.row_tiles.fill(2);
+  return t;
+}
 
 // One rank's unpooler shard and activations on its device.
 struct Rank {
@@ -109,13 +122,16 @@ struct ZeroCopyRank {
 // Zero-copy run vs plain run + the mailbox's own publish, every m in 1..16:
 // the same y, the same mailbox bytes and stage words after the publish, and
 // the same gathered rows, which are every rank's y.
-inline void zero_copy_equals_publish(Group& g, int n, int k, uint64_t seed) {
+// `tactic`: both Unpoolers' (default: the table's).
+inline void zero_copy_equals_publish(Group& g, int n, int k, uint64_t seed,
+                                     std::optional<UnpoolerTactic> tactic = std::nullopt) {
   const int rank = g.rank(), tp = g.size(), dev = Rank::rank_device();
   Rank r(g, n, k, seed);
   LamportMailbox a(g, tp, rank, kMuseSpark.max_batch, n, dev), b(g, tp, rank, kMuseSpark.max_batch, n, dev);
-  Unpooler::Options zc;
+  Unpooler::Options zc, po;
   zc.mailbox = &a;
-  Unpooler zero_copy(r.weight(), zc), plain(r.weight());
+  zc.tactic = po.tactic = tactic;
+  Unpooler zero_copy(r.weight(), zc), plain(r.weight(), po);
   ZC_REQUIRE(zero_copy.max_m() == kMuseSpark.max_batch, "max_m ", zero_copy.max_m());
   GuardedBuffer out_b(size_t(kMuseSpark.max_batch) * n * 2), gathered_b(size_t(kMuseSpark.max_batch) * n * tp * 2);
   std::mt19937_64 order(seed);

@@ -119,7 +119,11 @@ Unpooler Unpooler::from_moe(const TensorRef& full_weight, int tp, int rank, Opti
   return Unpooler(full_weight.narrow_rows(rank * n, n), std::move(options));
 }
 
-bool Unpooler::prepared(int tile, int row_tiles) const { return prepared_[variant_index(tile, row_tiles)]; }
+bool Unpooler::prepared(int tile, int row_tiles) const {
+  SPARK_CHECK((tile == 8 || tile == 16) && (row_tiles == 1 || row_tiles == 2), "no unpooler kernel for token tile ",
+              tile, " and ", row_tiles, " row tiles (tiles 8, 16; row tiles 1, 2)");
+  return prepared_[variant_index(tile, row_tiles)];
+}
 
 void Unpooler::prepare(int tile, int row_tiles) {
   if (prepared(tile, row_tiles)) return;

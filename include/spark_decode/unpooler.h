@@ -13,7 +13,8 @@
 //   out  BF16 [m, N] contiguous, 16-byte aligned, same device; may not alias x.
 //   The tactic: K = S * warps * kw with S in {1, 2, 4, 8}, 1 <= warps <= 32,
 //   kw one of the compiled widths, accs in {1, 2, 4}; for a batch served
-//   with R = 2 row tiles per CTA also N % 32 == 0 and accs <= 2.
+//   with R = 2 row tiles per CTA also N % 32 == 0, accs <= 2, at most 16
+//   warps per CTA, and the partials within the shared memory of a block.
 //
 // Semantics: out = bf16_rne(sum_k x * w) with FP32 accumulation in an order
 // fixed by (N, K, S, kw, accs) alone (not by the token tile or row tiles),
@@ -147,7 +148,7 @@ class Unpooler {
   bool enable_pdl() const { return enable_pdl_; }
   const UnpoolerTactic& tactic() const { return tactic_; }
   // Whether the kernel for token tile `tile` (8 or 16) with `row_tiles`
-  // (1 or 2) is prepared.
+  // (1 or 2) is prepared; other values throw InvalidArgument.
   bool prepared(int tile, int row_tiles = 1) const;
 
  private:

@@ -189,9 +189,39 @@ TEST(UnpoolerGpu, EveryCompiledVariant) {
 }
 
 // Row tiles per CTA change which CTA computes a row, not how: every
-// compiled R gives the same bits as 1, at every m, for the table's shapes.
+// compiled R gives the same bits as 1, at every m, for every split, kw and
+// accs that compile with two row tiles (a small shape: one, two or four
+// weight chunks per tile), then for the table's shapes and tactics.
 TEST(UnpoolerGpu, RowTilesGiveTheSameBits) {
   SKIP_WITHOUT_GPU(1);
+  {
+    const int n = 96, k = 2048;
+    Problem p(n, k, Dist::outliers);
+    int compared = 0;
+    for (int s : {1, 2, 4, 8})
+      for (int kw : sd::kUnpoolerKws)
+        for (int accs : {1, 2}) {
+          sd::UnpoolerTactic one;
+          one.splits = s;
+          one.kw = kw;
+          one.accs = accs;
+          sd::UnpoolerTactic two = one;
+          two.row_tiles.fill(2);
+          if (sd::launch_unsupported(n, k, two)) continue;
+          sd::Unpooler::Options o1, o2;
+          o1.tactic = one;
+          o2.tactic = two;
+          sd::Unpooler u1(weight_ref(p.w.get(), n, k), o1), u2(weight_ref(p.w.get(), n, k), o2);
+          for (int m = 1; m <= sd::kUnpoolerMaxM; ++m) {
+            const auto a = p.run(u1, m), b = p.run(u2, m);
+            ASSERT_EQ(p.out.check_guards(), "");
+            ASSERT_EQ(std::count(b.begin(), b.end(), kPoisonBf16), 0) << two.to_string() << " m=" << m;
+            ASSERT_EQ(a, b) << "m=" << m << ": " << one.to_string() << " vs " << two.to_string();
+          }
+          ++compared;
+        }
+    EXPECT_GE(compared, 12);
+  }
   for (const auto& e : sd::unpooler_tactic_table()) {
     sd::UnpoolerTactic one = e.tactic;
     one.accs = std::min(one.accs, 2);  // every R compiles at accs <= 2

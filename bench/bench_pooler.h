@@ -14,6 +14,11 @@ struct PoolerBenchOptions {
   int repeats = 20;
   bool gemm_only = false;  // `tune pooler`: the GEMM sweep alone
   std::string out_dir;
+  // Non-empty: also record one replay of the Pooler.run graph and of the
+  // three-kernel graph at the first b with spark_decode/trace.h (a library
+  // built with -DSPARK_DECODE_TRACE=ON), one CSV per rank:
+  // <trace>_tp<tp>_b<b>_rank<r>_{run,split}.csv. tools/trace_summary.py reads them.
+  std::string trace;
 };
 
 // op "pooler_gemm": every compiled skinny shape, the MMA engine and the

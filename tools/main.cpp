@@ -63,6 +63,7 @@ int main(int argc, char** argv) {
     c->add_option("--b", pooler_opts.bs, "batch sizes")->delimiter(',');
     c->add_option("--repeats", pooler_opts.repeats, "graph replays per figure (median)");
     c->add_option("--out", pooler_opts.out_dir, "directory of the JSON and markdown");
+    c->add_option("--trace", pooler_opts.trace, "path prefix of per-CTA timelines (a -DSPARK_DECODE_TRACE=ON build)");
   }
   auto* profile = app.add_subcommand("profile", "a few eager calls of one kernel, to run under ncu");
   profile->require_subcommand(1);

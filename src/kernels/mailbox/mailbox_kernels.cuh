@@ -3,6 +3,7 @@
 
 #include <cuda_bf16.h>
 
+#include "kernels/common/trace.cuh"
 #include "kernels/mailbox/mailbox_device.cuh"
 
 namespace spark_decode::kernels {
@@ -20,9 +21,11 @@ struct MailboxPublishArgs {
 // into all tp copies. Grid ceil(b * width / 8 / threads).
 template <bool kReleaseBeforeStore>
 __global__ void mailbox_publish_kernel(const MailboxPublishArgs a) {
+  SPARK_TRACE_CTA(kPublish);
   // The source rows come from the previous grid and NEXT from the previous
   // consumer: nothing may be read before this.
   ptx::griddep_wait();
+  SPARK_TRACE_WAITED();
   ptx::griddep_launch_dependents();
   const uint32_t next = mailbox_dev::read_next(a.state);
   if (threadIdx.x == 0 && blockIdx.x == 0) mailbox_dev::set_active(a.state, next);
@@ -52,10 +55,12 @@ struct MailboxGatherArgs {
 // source f / (width / 8). It polls them, stores them, and clears its columns
 // of the previous call's rows i, i + b, ...
 __global__ void mailbox_gather_kernel(const MailboxGatherArgs a) {
+  SPARK_TRACE_CTA(kGather);
   // The next grid may launch now (mailbox_device.cuh, ordering 6); ACTIVE
   // comes from this call's publisher.
   ptx::griddep_launch_dependents();
   ptx::griddep_wait();
+  SPARK_TRACE_WAITED();
   const uint32_t active = mailbox_dev::read_active(a.state);
   if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0) mailbox_dev::advance(a.state, active, a.b);
 

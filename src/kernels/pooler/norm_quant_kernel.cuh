@@ -10,6 +10,7 @@
 
 #include <cstdint>
 
+#include "kernels/common/trace.cuh"
 #include "kernels/mailbox/mailbox_device.cuh"
 #include "kernels/norm/rms.cuh"
 #include "kernels/nvfp4/nvfp4.cuh"
@@ -35,6 +36,7 @@ struct NormQuantGatherArgs {
 // call's rows i, i + b, ..., joins the row's mean(x^2), normalises and
 // quantizes its NVFP4 block.
 __global__ void norm_quant_gather_kernel(const NormQuantGatherArgs a) {
+  SPARK_TRACE_CTA(kNormQuantGather);
   __shared__ float warp_sums[norm::kMaxWarps];
   const int t = threadIdx.x, row = blockIdx.x;
   const int cols = a.layout.tp * a.layout.width;
@@ -51,6 +53,7 @@ __global__ void norm_quant_gather_kernel(const NormQuantGatherArgs a) {
   // the wait, as the stock quantize kernel reads it: a scale some earlier
   // kernel computes is then seen alike by both paths.
   ptx::griddep_wait();
+  SPARK_TRACE_WAITED();
   const float global_scale = *a.global_scale;
   const uint32_t active = mailbox_dev::read_active(a.state);
   if (t == 0 && row == 0) mailbox_dev::advance(a.state, active, a.b);

@@ -29,6 +29,7 @@
 #include <cstdint>
 
 #include "kernels/common/ptx.cuh"
+#include "kernels/common/trace.cuh"
 #include "kernels/mailbox/mailbox_device.cuh"
 
 namespace spark_decode::kernels {
@@ -97,6 +98,7 @@ __device__ __forceinline__ void reduce_scatter(float* v, int lane, int& base) {
 // Host checks: n % kOpb == 0, k % (8 kBlock kUnroll) == 0, 1 <= m <= kRows.
 template <int kBlock, int kOpb, int kUnroll, int kRows>
 __global__ void __launch_bounds__(kBlock) skinny_gemm_kernel(const PoolerGemmArgs a) {
+  SPARK_TRACE_CTA(kSkinnyGemm);
   constexpr int kWarps = kBlock / 32;
   constexpr int kValues = kOpb * kRows;
   static_assert(kBlock % 32 == 0 && kBlock <= 1024, "whole warps");
@@ -120,6 +122,7 @@ __global__ void __launch_bounds__(kBlock) skinny_gemm_kernel(const PoolerGemmArg
 
   // x comes from the previous grid.
   ptx::griddep_wait();
+  SPARK_TRACE_WAITED();
   ptx::griddep_launch_dependents();
   // The fused publish's stage, read after the wait as the mailbox's own
   // publisher reads it, and now, so that its latency hides under the loads.

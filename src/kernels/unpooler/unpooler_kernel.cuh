@@ -37,6 +37,7 @@
 #include <cuda_bf16.h>
 
 #include "kernels/common/ptx.cuh"
+#include "kernels/common/trace.cuh"
 #include "kernels/mailbox/mailbox_device.cuh"
 #include "kernels/unpooler/unpooler_config.h"
 
@@ -57,6 +58,7 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
 template <int KW, int ACCS, int TILE, int R>
 __global__ void __launch_bounds__(unpooler_max_threads(KW, R))
     unpooler_kernel(const UnpoolerArgs args) {
+  SPARK_TRACE_CTA(kUnpooler);
   constexpr int kVecs = KW / kUnpoolerBlockK;  // 16-byte vectors per row per lane
   constexpr int kNt = TILE / 8;                // n8 MMAs per step
   // Weight vectors are loaded kChunk at a time per row tile: all of them at
@@ -120,6 +122,7 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW, R))
 
   // x is written by the previous grid.
   ptx::griddep_wait();
+  SPARK_TRACE_WAITED();
   ptx::griddep_launch_dependents();
 
   // The zero-copy publish's stage, read now (after griddep_wait, like the

@@ -1,0 +1,51 @@
+// spark_decode/trace.h: a per-CTA timeline of our kernels, for finding where
+// time goes between kernels (the lent GPU machines have no nsys).
+//
+// Compiled in only when the library is built with -DSPARK_DECODE_TRACE=ON;
+// otherwise compiled_in() is false, start() throws, and the kernels carry no
+// trace code at all. When compiled in and started, thread 0 of every CTA of
+// the traced kernels appends one Record (the %globaltimer nanoseconds at the
+// CTA's entry, after its griddepcontrol.wait, and at its exit) to a device
+// buffer. That costs one atomic and one 40-byte store per CTA: timings taken
+// while tracing are not the benchmark's.
+//
+// start() and stop() act on the current device, allocate or free, and
+// synchronise it: never under CUDA graph capture. A graph captured before
+// start() records into the buffer start() set up (the kernels read its
+// address when they run).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace spark_decode::trace {
+
+// Which kernel wrote a record.
+enum Kernel : uint16_t {
+  kUnpooler = 1,        // the unpooler GEMM (and the Pooler's MMA engine)
+  kSkinnyGemm = 2,      // the pooler GEMM's skinny engine
+  kPublish = 3,         // LamportMailbox::publish
+  kGather = 4,          // LamportMailbox::gather
+  kNormQuantGather = 5  // the Pooler's fused gather + norm + NVFP4
+};
+const char* kernel_name(uint16_t kernel);
+
+struct Record {
+  uint64_t grid;       // %gridid: which launch
+  uint64_t start_ns;   // thread 0 at the CTA's entry (%globaltimer)
+  uint64_t waited_ns;  // after its griddepcontrol.wait (0: the kernel has none)
+  uint64_t end_ns;     // at its exit
+  uint32_t block;      // linear CTA index
+  uint16_t kernel;     // Kernel
+  uint16_t sm;         // %smid
+};
+
+bool compiled_in();
+// Records up to `capacity` CTAs on the current device from now on.
+void start(size_t capacity);
+// Stops recording on the current device and returns what was recorded, in
+// the order the CTAs finished.
+std::vector<Record> stop();
+
+}  // namespace spark_decode::trace

@@ -11,6 +11,8 @@ over the steady-state launches, the mean of each step of the chain:
   early  = how many of this grid's CTAs started before the previous grid ended
            (weights streaming during the boundary)
   tail   = this grid's last end - its last wait return (its work after release)
+  wait->markN = the last CTA's kernel-specific point N - the last wait return
+           (consumers: mark0 = ACTIVE arrived, mark1 = the polled data arrived)
 Usage: trace_summary.py FILE.csv [--skip N] [--show N]
 """
 import argparse
@@ -29,11 +31,13 @@ def load(path):
         start = [int(r["start_ns"]) for r in rows]
         end = [int(r["end_ns"]) for r in rows]
         waited = [int(r["waited_ns"]) for r in rows if int(r["waited_ns"])]
+        marks = [[int(r[f"mark{i}_ns"]) for r in rows if int(r.get(f"mark{i}_ns", 0) or 0)] for i in (0, 1)]
         launches.append({
             "grid": gid, "kernel": rows[0]["kernel"], "ctas": len(rows),
             "starts": sorted(start), "first_start": min(start), "last_start": max(start),
             "first_wait": min(waited) if waited else None, "last_wait": max(waited) if waited else None,
             "first_end": min(end), "last_end": max(end),
+            "last_mark": [max(m) if m else None for m in marks],
         })
     launches.sort(key=lambda l: (l["first_start"], l["grid"]))
     return launches
@@ -72,6 +76,9 @@ def main():
             s["span"].append((l["last_end"] - l["first_start"]) / 1e3)
             if l["last_wait"] is not None:
                 s["tail"].append((l["last_end"] - l["last_wait"]) / 1e3)
+                for m in (0, 1):
+                    if l["last_mark"][m] is not None:
+                        s[f"wait->mark{m}"].append((l["last_mark"][m] - l["last_wait"]) / 1e3)
     per_call = (ls[-1]["last_end"] - ls[0]["first_start"]) / 1e3
     print(f"\nwhole trace: {per_call:.1f} us over {len(ls)} launches")
     for k, s in stats.items():

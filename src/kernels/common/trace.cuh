@@ -1,6 +1,7 @@
 // The device side of spark_decode/trace.h. With SPARK_DECODE_TRACE undefined
-// both macros expand to nothing. Kernels put SPARK_TRACE_CTA(kernel) first
-// and SPARK_TRACE_WAITED() right after their griddepcontrol.wait.
+// the macros expand to nothing. Kernels put SPARK_TRACE_CTA(kernel) first,
+// SPARK_TRACE_WAITED() right after their griddepcontrol.wait, and optionally
+// SPARK_TRACE_MARK(i, value) where a loaded value has arrived.
 #pragma once
 
 #ifdef SPARK_DECODE_TRACE
@@ -45,15 +46,26 @@ class Cta {
   __device__ void waited() {
     if (threadIdx.x == 0) waited_ = ptx::globaltimer_ns();
   }
+  // Mark i (0 or 1) once `dep` is available: the timer read takes it as an
+  // operand, so it waits for the load that produces it.
+  __device__ void mark(int i, uint32_t dep) {
+    if (threadIdx.x != 0) return;
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer; // %1" : "=l"(t) : "r"(dep));
+    mark_[i] = t;
+  }
   __device__ ~Cta() {
     if (threadIdx.x != 0 || g_sink.records == nullptr) return;
+    const uint64_t end = ptx::globaltimer_ns();  // before the atomic's round trip
     const unsigned i = atomicAdd(g_sink.count, 1u);
     if (i >= g_sink.capacity) return;
     spark_decode::trace::Record r;
     r.grid = gridid();
     r.start_ns = start_;
     r.waited_ns = waited_;
-    r.end_ns = ptx::globaltimer_ns();
+    r.mark_ns[0] = mark_[0];
+    r.mark_ns[1] = mark_[1];
+    r.end_ns = end;
     r.block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
     r.kernel = kernel_;
     r.sm = static_cast<uint16_t>(smid());
@@ -61,7 +73,7 @@ class Cta {
   }
 
  private:
-  uint64_t start_ = 0, waited_ = 0;
+  uint64_t start_ = 0, waited_ = 0, mark_[2] = {0, 0};
   uint16_t kernel_;
 };
 
@@ -82,10 +94,12 @@ namespace {
 
 #define SPARK_TRACE_CTA(kernel) ::spark_decode::kernels::trace::Cta spark_trace_cta_(::spark_decode::trace::kernel)
 #define SPARK_TRACE_WAITED() spark_trace_cta_.waited()
+#define SPARK_TRACE_MARK(i, dep) spark_trace_cta_.mark(i, dep)
 
 #else
 
 #define SPARK_TRACE_CTA(kernel)
 #define SPARK_TRACE_WAITED()
+#define SPARK_TRACE_MARK(i, dep)
 
 #endif

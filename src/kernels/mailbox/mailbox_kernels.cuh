@@ -62,6 +62,7 @@ __global__ void mailbox_gather_kernel(const MailboxGatherArgs a) {
   ptx::griddep_wait();
   SPARK_TRACE_WAITED();
   const uint32_t active = mailbox_dev::read_active(a.state);
+  SPARK_TRACE_MARK(0, active);  // ACTIVE has arrived
   if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0) mailbox_dev::advance(a.state, active, a.b);
 
   const int vecs = a.layout.row_vecs();

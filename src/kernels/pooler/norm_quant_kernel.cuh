@@ -56,6 +56,7 @@ __global__ void norm_quant_gather_kernel(const NormQuantGatherArgs a) {
   SPARK_TRACE_WAITED();
   const float global_scale = *a.global_scale;
   const uint32_t active = mailbox_dev::read_active(a.state);
+  SPARK_TRACE_MARK(0, active);  // ACTIVE has arrived
   if (t == 0 && row == 0) mailbox_dev::advance(a.state, active, a.b);
   const int stage = mailbox::word_stage(active);
 
@@ -63,6 +64,7 @@ __global__ void norm_quant_gather_kernel(const NormQuantGatherArgs a) {
                                          source, row);
   const uint4 v1 = mailbox_dev::poll_vec(a.local + a.layout.offset(stage, source, row, col + 8), a.spin,
                                          stage, source, row);
+  SPARK_TRACE_MARK(1, v1.w);  // this thread's data has arrived
   const int cleared = mailbox::clear_stage(stage), rows_prev = mailbox::word_rows(active);
   mailbox_dev::clear_rows(a.local, a.layout, cleared, source, col, row, gridDim.x, rows_prev);
   mailbox_dev::clear_rows(a.local, a.layout, cleared, source, col + 8, row, gridDim.x, rows_prev);

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -22,7 +21,6 @@
 #include "spark_decode/nvfp4.h"
 #include "spark_decode/pooler.h"
 #include "spark_decode/pooler_gemm.h"
-#include "spark_decode/trace.h"
 
 
 namespace spark_decode::bench {
@@ -86,24 +84,6 @@ void gemm_sweep(const PoolerBenchOptions& o, Report& report, cudaStream_t stream
 }
 
 // Pooler.run against the stock path at tp (tp GPUs, a thread each): op pooler.
-// One replay of `exec` on every rank with the per-CTA trace on; one CSV per
-// rank (spark_decode/trace.h, tools/trace_summary.py).
-void trace_replay(Group& group, cudaGraphExec_t exec, cudaStream_t stream, const std::string& path) {
-  trace::start(size_t{1} << 21);
-  group.barrier();
-  CUDA_CHECK(cudaGraphLaunch(exec, stream));
-  CUDA_CHECK(cudaStreamSynchronize(stream));
-  const auto records = trace::stop();
-  std::ofstream csv(path);
-  SPARK_CHECK_RUNTIME(csv.good(), "cannot write ", path);
-  csv << "kernel,grid,block,sm,start_ns,waited_ns,mark0_ns,mark1_ns,end_ns\n";
-  for (const auto& r : records)
-    csv << trace::kernel_name(r.kernel) << ',' << r.grid << ',' << r.block << ',' << r.sm << ',' << r.start_ns << ','
-        << r.waited_ns << ',' << r.mark_ns[0] << ',' << r.mark_ns[1] << ',' << r.end_ns << '\n';
-  std::printf("  trace: %zu CTAs -> %s\n", records.size(), path.c_str());
-  group.barrier();
-}
-
 void pooler_vs_stock(const PoolerBenchOptions& o, int tp, Report& report) {
   const int H = kMuseSpark.hidden, P = kMuseSpark.pooled, shard = P / tp, L = kMuseSpark.layers;
   int devices = 0;
@@ -175,7 +155,7 @@ void pooler_vs_stock(const PoolerBenchOptions& o, int tp, Report& report) {
           const bool tracing = !o.trace.empty() && b == o.bs.front();
           const std::string trace_path = o.trace + "_tp" + std::to_string(tp) + "_b" + std::to_string(b) + "_rank" +
                                          std::to_string(rank);
-          if (tracing) trace_replay(group, ours, stream, trace_path + "_run.csv");
+          if (tracing) trace_replay(ours, stream, trace_path + "_run.csv", [&] { group.barrier(); });
           pooler.mailbox().synchronize(stream);
           CUDA_CHECK(cudaGraphExecDestroy(ours));
           // The same calls as three kernels (the publish kernel between GEMM
@@ -188,7 +168,7 @@ void pooler_vs_stock(const PoolerBenchOptions& o, int tp, Report& report) {
             pooler.gather(l, b, stream);
           });
           const double split_us = time_replays(group, split, stream, L - 2, o.repeats);
-          if (tracing) trace_replay(group, split, stream, trace_path + "_split.csv");
+          if (tracing) trace_replay(split, stream, trace_path + "_split.csv", [&] { group.barrier(); });
           pooler.mailbox().synchronize(stream);
           CUDA_CHECK(cudaGraphExecDestroy(split));
           if (rank == 0) {

@@ -106,6 +106,13 @@ std::string bench_unpooler(const UnpoolerBenchOptions& o) {
                           o.repeats, stream);
       };
       const double g = time_ours(ours), c = time_ours(ours_pdl);
+      if (!o.trace.empty() && m == o.ms.front()) {
+        int i = 0;
+        cudaGraphExec_t exec =
+            capture_graph(stream, weights.copies, [&] { ours_pdl[i].run(x.get(), out.get(), m, stream); ++i; });
+        trace_replay(exec, stream, o.trace + "_unpooler_tp" + std::to_string(tp) + "_m" + std::to_string(m) + ".csv");
+        CUDA_CHECK(cudaGraphExecDestroy(exec));
+      }
       report.records.push_back({"unpooler", "spark", "", "graph", tp, m, n, k, g, floor});
       report.records.push_back({"unpooler", "spark", "", "pdl_chain", tp, m, n, k, c, floor});
       report.records.push_back({"unpooler", "cublas", "", "graph", tp, m, n, k, blas_us, floor});

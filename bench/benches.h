@@ -16,6 +16,10 @@ struct UnpoolerBenchOptions {
   // tune: the pooler's GEMM shapes (N = P / tp, K = H, the Pooler's MMA
   // engine) instead of the unpooler's (N = H / tp, K = P)
   bool pooler_shapes = false;
+  // bench: non-empty: also record one replay of the PDL-chain graph of each
+  // tp at the first m (spark_decode/trace.h; a -DSPARK_DECODE_TRACE=ON
+  // build) into <trace>_unpooler_tp<tp>_m<m>.csv.
+  std::string trace;
 };
 
 // Ours (graph and pdl_chain) against the fastest cuBLASLt algorithm, per tp

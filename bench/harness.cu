@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <exception>
+#include <fstream>
 #include <thread>
 
 #include "spark_decode/error.h"
 #include "spark_decode/group.h"
+#include "spark_decode/trace.h"
 
 namespace spark_decode::bench {
 namespace {
@@ -152,6 +154,22 @@ double time_graph(const std::function<void(cudaStream_t, int)>& enqueue, int cal
 
 double time_replays(Group& group, cudaGraphExec_t exec, cudaStream_t stream, int calls, int repeats) {
   return replay_us(exec, stream, calls, repeats, [&] { group.barrier(); });
+}
+
+void trace_replay(cudaGraphExec_t exec, cudaStream_t stream, const std::string& path,
+                  const std::function<void()>& before) {
+  trace::start(size_t{1} << 21);
+  if (before) before();
+  CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  const auto records = trace::stop();
+  std::ofstream csv(path);
+  SPARK_CHECK_RUNTIME(csv.good(), "cannot write ", path);
+  csv << "kernel,grid,block,sm,start_ns,waited_ns,mark0_ns,mark1_ns,end_ns\n";
+  for (const auto& r : records)
+    csv << trace::kernel_name(r.kernel) << ',' << r.grid << ',' << r.block << ',' << r.sm << ',' << r.start_ns << ','
+        << r.waited_ns << ',' << r.mark_ns[0] << ',' << r.mark_ns[1] << ',' << r.end_ns << '\n';
+  std::printf("  trace: %zu CTAs -> %s\n", records.size(), path.c_str());
 }
 
 void run_ranks(int tp, const std::function<void(Group&, int)>& fn) {

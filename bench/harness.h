@@ -64,6 +64,13 @@ double replay_us(cudaGraphExec_t exec, cudaStream_t stream, int calls, int repea
 // within a launch of each other) and returns this rank's median microseconds
 // per call.
 double time_replays(Group& group, cudaGraphExec_t exec, cudaStream_t stream, int calls, int repeats);
+
+// One replay of `exec` with spark_decode/trace.h recording on the current
+// device, written as CSV to `path` (tools/trace_summary.py reads it);
+// `before` runs on the host first (a group barrier for multi-GPU graphs).
+// Needs a -DSPARK_DECODE_TRACE=ON build.
+void trace_replay(cudaGraphExec_t exec, cudaStream_t stream, const std::string& path,
+                  const std::function<void()>& before = {});
 // `calls` calls of one_call() captured on `stream` into an executable graph.
 cudaGraphExec_t capture_graph(cudaStream_t stream, int calls, const std::function<void()>& one_call);
 // Runs fn(group, rank) on `tp` threads, thread r with GPU r current, over one

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # One call on a lent GPU machine: build for sm_90a, run the GPU tests and the
 # benchmarks, leave logs and JSON in $OUT (default /tmp/spark-out).
-#   tools/gpu_check.sh [build] [test] [tune] [bench] [gather] [publish] [pooler]   (default: all but tune)
+#   tools/gpu_check.sh [build] [test] [tune] [bench] [gather] [publish] [pooler] [trace]
+#   (default: build test bench). trace: a -DSPARK_DECODE_TRACE=ON build in
+#   build/trace, per-CTA timelines of the unpooler's PDL chain and of
+#   Pooler.run (tp 1, and tp 2 where two GPUs are), summarised into the log,
+#   the CSVs as $OUT/traces.tgz.
 # Test filters: GTEST_FILTER=... as usual.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -55,6 +59,37 @@ fi
 if has gather; then
   say "bench gather $(date -u +%T)"
   build/h200/spark-decode bench gather --out "$OUT" 2>&1 | tee -a "$LOG" || rc=1
+fi
+if has trace; then
+  say "trace $(date -u +%T)"
+  if { cmake --preset h200 -B build/trace -DSPARK_DECODE_TRACE=ON -DSPARK_DECODE_BUILD_TESTS=OFF \
+         ${NCCL_DIR:+-DSPARK_DECODE_NCCL_DIR=$NCCL_DIR} &&
+       cmake --build build/trace -j "$(nproc)" --target spark-decode; } >"$OUT/trace_build.log" 2>&1; then
+    rm -f "$OUT/trace_build.log"
+    T="$OUT/traces"
+    mkdir -p "$T"
+    gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+    for tm in "1 1" "1 16" "2 1" "2 16"; do
+      set -- $tm
+      build/trace/spark-decode bench unpooler --tp "$1" --m "$2" --repeats 5 --trace "$T/t" --out "$T/json" 2>&1 |
+        grep -E "trace:" | tee -a "$LOG"
+    done
+    ptp=1
+    [ "$gpus" -ge 2 ] && ptp=1,2
+    build/trace/spark-decode bench pooler --tp "$ptp" --gemm-tp 1 --b 1,16 --repeats 5 --trace "$T/t" \
+      --out "$T/json" 2>&1 | grep -E "trace:|Pooler.run" | tee -a "$LOG"
+    build/trace/spark-decode bench pooler --tp "$ptp" --gemm-tp 1 --b 16 --repeats 5 --trace "$T/t" \
+      --out "$T/json" 2>&1 | grep -E "trace:" | tee -a "$LOG"
+    for f in "$T"/t_*.csv; do
+      echo "== $(basename "$f")" | tee -a "$LOG"
+      python3 tools/trace_summary.py "$f" --skip 6 --show 6 2>&1 | tee -a "$LOG"
+    done
+    rm -rf "$T/json"
+    (cd "$T" && tar czf "$OUT/traces.tgz" t_*.csv) && rm -rf "$T"
+  else
+    tail -40 "$OUT/trace_build.log" | tee -a "$LOG"
+    rc=1
+  fi
 fi
 say "done rc=$rc $(date -u +%T)"
 exit $rc

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "spark_decode/error.h"
+#include "spark_decode/trace.h"
 #include "spark_decode/types.h"
 
 namespace sd = spark_decode;
@@ -43,4 +44,23 @@ TEST(TensorRef, ContiguousViewsAndDescriptions) {
   t.stride[0] = 32;
   EXPECT_FALSE(t.is_contiguous());
   EXPECT_THROW(t.narrow_rows(3, 2), sd::InvalidArgument);
+}
+
+// The default build carries no trace code, and says how to get it.
+TEST(Trace, OffUnlessConfiguredAndSaysHow) {
+#ifdef SPARK_DECODE_TRACE
+  GTEST_SKIP() << "this build traces (SPARK_DECODE_TRACE=ON)";
+#else
+  EXPECT_FALSE(sd::trace::compiled_in());
+  try {
+    sd::trace::start(16);
+    FAIL() << "start() without the trace compiled in did not throw";
+  } catch (const sd::RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("-DSPARK_DECODE_TRACE=ON"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(sd::trace::stop(), sd::RuntimeError);
+#endif
+  EXPECT_STREQ(sd::trace::kernel_name(sd::trace::kUnpooler), "unpooler");
+  EXPECT_STREQ(sd::trace::kernel_name(sd::trace::kNormQuantGather), "norm_quant_gather");
+  EXPECT_STREQ(sd::trace::kernel_name(0), "unknown");
 }

@@ -16,6 +16,25 @@ if ((${#need[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
+# cuobjdump and nvdisasm, for tools/check_sass.py (a CPU test that reads the
+# built kernels' machine code), where the CUDA toolkit lacks them: NVIDIA's
+# PyPI wheels, into .deps/cuda-tools.
+root="$(cd "$(dirname "$0")/.." && pwd)"
+if ! { [ -x /usr/local/cuda/bin/cuobjdump ] && [ -x /usr/local/cuda/bin/nvdisasm ]; } &&
+   ! [ -x "$root/.deps/cuda-tools/nvidia/cu13/bin/nvdisasm" ]; then
+  if ! python3 -m pip --version >/dev/null 2>&1; then
+    SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO=sudo
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3-pip >/dev/null
+  fi
+  echo "setup-deps: installing cuobjdump and nvdisasm into .deps/cuda-tools"
+  if ! python3 -m pip install --quiet --disable-pip-version-check --target "$root/.deps/cuda-tools" \
+         nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm >"$root/.deps/cuda-tools.log" 2>&1; then
+    echo "setup-deps: could not install them (.deps/cuda-tools.log); the machine-code check will be skipped" >&2
+  fi
+fi
+
 if ! command -v nvcc >/dev/null; then
   if [ -x /usr/local/cuda/bin/nvcc ]; then
     echo "setup-deps: nvcc is in /usr/local/cuda/bin; add it to PATH" >&2

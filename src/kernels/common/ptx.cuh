@@ -43,13 +43,17 @@ __device__ __forceinline__ uint64_t l2_policy_evict_first() {
   return policy;
 }
 
-// 16 bytes of read-only data read once (weights): through the non-coherent
-// path, not kept in L1, and first to leave L2 under `policy`, so that weights
-// streaming past do not evict the small activations every CTA re-reads. Only
-// for data no grid writes while this one runs.
+// 16 bytes of read-only data read once (weights): not kept in L1, and first
+// to leave L2 under `policy`, so that weights streaming past do not evict the
+// small activations every CTA re-reads. Only for data no grid writes while
+// this one runs. A coherent load on purpose, not ld.global.nc: ptxas moves
+// griddepcontrol.wait (SASS ACQBULK) above every .nc load, so weights read
+// through the non-coherent path are not in flight before the previous grid
+// completes, which defeats programmatic dependent launch; coherent loads keep
+// their place. tools/check_sass.py (a CPU test) checks the built code.
 __device__ __forceinline__ uint4 ld_stream_v4(const void* ptr, uint64_t policy) {
   uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+  asm volatile("ld.global.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(ptr), "l"(policy));
   return v;

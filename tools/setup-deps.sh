@@ -29,6 +29,7 @@ if ! { [ -x /usr/local/cuda/bin/cuobjdump ] && [ -x /usr/local/cuda/bin/nvdisasm
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3-pip >/dev/null
   fi
   echo "setup-deps: installing cuobjdump and nvdisasm into .deps/cuda-tools"
+  mkdir -p "$root/.deps"
   if ! python3 -m pip install --quiet --disable-pip-version-check --target "$root/.deps/cuda-tools" \
          nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm >"$root/.deps/cuda-tools.log" 2>&1; then
     echo "setup-deps: could not install them (.deps/cuda-tools.log); the machine-code check will be skipped" >&2

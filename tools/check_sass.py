@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Checks, in the machine code of the built library, that the kernels which
-must stream their weights before griddepcontrol.wait do so (SPEC §2.1:
-"weights are loaded before griddepcontrol.wait"), and that nothing written by
-an earlier grid is read before it.
+"""Checks, in the machine code of the built library, what each kernel does
+before its griddepcontrol.wait: the GEMMs stream weights there (SPEC §2.1:
+"weights are loaded before griddepcontrol.wait") and read nothing else; no
+kernel touches mailbox memory or stage words there (no strong load, no store).
 
 Why a machine-code check: the order in the source and the PTX is not the
 order that runs. ptxas moved every `ld.global.nc` weight load of the GEMMs
@@ -22,11 +22,21 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# kernel (mangled-name fragment) -> least number of loads before the wait
+# What each kernel may do before its griddepcontrol.wait (mangled-name
+# fragment -> (least loads before it, whether each of them must be a weight
+# stream load `LDG.E.NA`)). Every kernel listed must also not touch mailbox
+# memory or stage words before it: no strong (volatile / relaxed.sys) load or
+# store, and no store at all (mailbox_device.cuh, orderings 1, 5 and 6).
 KERNELS = {
-    "15unpooler_kernel": 2,        # the first weight chunk
-    "18skinny_gemm_kernel": 2,     # the first k_unroll x outputs_per_block vectors
-    "24norm_quant_gather_kernel": 2,  # the norm weight (two vectors per thread)
+    # The GEMMs stream weights before the wait; x, written by the previous
+    # grid, is read with plain loads, so any other load before it is a bug.
+    "15unpooler_kernel": (2, True),
+    "18skinny_gemm_kernel": (2, True),
+    # The fused consumer reads its norm weight (a parameter) before the wait.
+    "24norm_quant_gather_kernel": (2, False),
+    # The mailbox's own kernels read nothing before it.
+    "22mailbox_publish_kernel": (0, False),
+    "21mailbox_gather_kernel": (0, False),
 }
 
 
@@ -71,21 +81,28 @@ def main(objects):
             sass = subprocess.run([nvdisasm, "-c", os.path.join(tmp, cubin)], check=True,
                                   capture_output=True, text=True).stdout
             for fn, code in functions(sass).items():
-                need = next((n for frag, n in KERNELS.items() if frag in fn), None)
-                if need is None:
+                rule = next((r for frag, r in KERNELS.items() if frag in fn), None)
+                if rule is None:
                     continue
+                need, weights_only = rule
                 checked += 1
-                waits = [i for i, ins in enumerate(code) if ins.split()[0].lstrip("@!P0123456789 ") == "ACQBULK"
-                         or re.search(r"\bACQBULK\b", ins)]
+                waits = [i for i, ins in enumerate(code) if re.search(r"\bACQBULK\b", ins)]
                 if not waits:
                     failures.append(f"{cubin} {fn}: no griddepcontrol.wait (ACQBULK)")
                     continue
-                before = [ins for ins in code[:waits[0]] if re.search(r"\bLDG\b|\bLDG\.", ins)]
-                strong = [ins for ins in before if ".STRONG" in ins]
-                if len(before) < need:
-                    failures.append(f"{cubin} {fn}: {len(before)} loads before griddepcontrol.wait, want >= {need}")
-                if strong:
-                    failures.append(f"{cubin} {fn}: a mailbox/state load before griddepcontrol.wait: {strong[0]}")
+                head = code[:waits[0]]
+                loads = [ins for ins in head if re.search(r"\bLDG\.", ins)]
+                stores = [ins for ins in head if re.search(r"\b(STG|ST|RED|ATOMG)\.", ins)]
+                if len(loads) < need:
+                    failures.append(f"{cubin} {fn}: {len(loads)} loads before griddepcontrol.wait, want >= {need}")
+                if weights_only and any(".NA" not in ins for ins in loads):
+                    failures.append(f"{cubin} {fn}: a non-weight load before griddepcontrol.wait: "
+                                    + next(ins for ins in loads if ".NA" not in ins))
+                if any(".STRONG" in ins for ins in loads):
+                    failures.append(f"{cubin} {fn}: a mailbox/state load before griddepcontrol.wait: "
+                                    + next(ins for ins in loads if ".STRONG" in ins))
+                if stores:
+                    failures.append(f"{cubin} {fn}: a store before griddepcontrol.wait: {stores[0]}")
     if checked == 0:
         print("FAILED: none of the checked kernels was found in " + " ".join(objects))
         return 1

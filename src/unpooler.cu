@@ -120,8 +120,9 @@ Unpooler Unpooler::from_moe(const TensorRef& full_weight, int tp, int rank, Opti
 }
 
 bool Unpooler::prepared(int tile, int row_tiles) const {
-  SPARK_CHECK((tile == 8 || tile == 16) && (row_tiles == 1 || row_tiles == 2), "no unpooler kernel for token tile ",
-              tile, " and ", row_tiles, " row tiles (tiles 8, 16; row tiles 1, 2)");
+  SPARK_CHECK((tile == 8 || tile == 16) &&
+                  std::find(kUnpoolerRowTiles.begin(), kUnpoolerRowTiles.end(), row_tiles) != kUnpoolerRowTiles.end(),
+              "no unpooler kernel for token tile ", tile, " and ", row_tiles, " row tiles (tiles 8, 16; row tiles 1, 2)");
   return prepared_[variant_index(tile, row_tiles)];
 }
 

@@ -71,7 +71,6 @@ std::optional<std::string> launch_unsupported(int n, int k, int splits, int kw, 
 
 std::optional<std::string> launch_unsupported(int n, int k, const UnpoolerTactic& tactic) {
   if (auto reason = launch_unsupported(n, k, tactic.splits, tactic.kw, tactic.accs)) return reason;
-  int most_rows = 1;
   for (int m = 1; m <= kUnpoolerMaxM; ++m) {
     const int tile = tactic.token_tile[m - 1], rows = tactic.row_tiles[m - 1];
     if ((tile != 8 && tile != 16) || tile < m)
@@ -79,13 +78,11 @@ std::optional<std::string> launch_unsupported(int n, int k, const UnpoolerTactic
                             kUnpoolerMaxM, ": m=", m, " has tile ", tile);
     if (std::find(kUnpoolerRowTiles.begin(), kUnpoolerRowTiles.end(), rows) == kUnpoolerRowTiles.end())
       return detail::concat("m=", m, " has ", rows, " row tiles per CTA; 1 or 2 are compiled");
-    most_rows = std::max(most_rows, rows);
   }
   using detail::concat;
-  // Every R the tactic uses must fit.
+  // Every R > 1 the tactic uses must fit.
   for (int rows : kUnpoolerRowTiles) {
-    if (rows == 1 || rows > most_rows ||
-        std::find(tactic.row_tiles.begin(), tactic.row_tiles.end(), rows) == tactic.row_tiles.end())
+    if (rows == 1 || std::find(tactic.row_tiles.begin(), tactic.row_tiles.end(), rows) == tactic.row_tiles.end())
       continue;
     if (n % (rows * kUnpoolerTileN))
       return concat(rows, " row tiles per CTA need N % ", rows * kUnpoolerTileN, " == 0, got N=", n);

@@ -42,9 +42,7 @@ KERNELS = {
 
 def find_tool(name):
     for d in (os.environ.get("CUDA_TOOLS_BIN", ""), "/usr/local/cuda/bin",
-              os.path.join(ROOT, ".deps/cuda-tools/nvidia/cu13/bin"),
-              os.path.join(ROOT, ".deps/cuda-tools/nvidia/cuda_cuobjdump/bin"),
-              os.path.join(ROOT, ".deps/cuda-tools/nvidia/cuda_nvdisasm/bin")):
+              os.path.join(ROOT, ".deps/cuda-tools/nvidia/cu13/bin")):
         p = os.path.join(d, name)
         if d and os.access(p, os.X_OK):
             return p

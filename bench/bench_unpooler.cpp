@@ -168,14 +168,15 @@ std::string tune_unpooler(const UnpoolerBenchOptions& o) {
           std::vector<int> best_rows(o.ms.size(), 1);
           for (const UnpoolerTactic& variant : variants) {
             Unpooler::Options opt;
-            opt.enable_pdl = false;
+            opt.enable_pdl = o.pdl;
             opt.tactic = variant;
             auto u = weights.unpoolers(opt);
             for (size_t i = 0; i < o.ms.size(); ++i) {
               const int m = o.ms[i];
               const double us = time_graph([&](cudaStream_t st, int c) { u[c].run(x.get(), out.get(), m, st); },
                                            weights.copies, o.repeats, stream);
-              report.records.push_back({"unpooler", "spark", variant.to_string(), "graph", tp, m, n, k, us, floor});
+              report.records.push_back(
+                  {"unpooler", "spark", variant.to_string(), o.pdl ? "pdl_chain" : "graph", tp, m, n, k, us, floor});
               if (us < best[i]) {
                 best[i] = us;
                 best_rows[i] = variant.row_tiles[m - 1];
@@ -194,7 +195,8 @@ std::string tune_unpooler(const UnpoolerBenchOptions& o) {
           std::printf("%s\n", line.c_str());
           ranking.emplace(sum / o.ms.size(), t.to_string() + line);
         }
-    std::printf("tp %d (N=%d, floor %.2f us): tactics by mean us over m\n", tp, n, floor);
+    std::printf("tp %d (N=%d, floor %.2f us, %s): tactics by mean us over m\n", tp, n, floor,
+                o.pdl ? "pdl_chain" : "graph");
     int shown = 0;
     for (const auto& [mean, text] : ranking) {
       std::printf("  %6.2f  %s\n", mean, text.c_str());
@@ -202,7 +204,8 @@ std::string tune_unpooler(const UnpoolerBenchOptions& o) {
     }
   }
   CUDA_CHECK(cudaStreamDestroy(stream));
-  return report.write(o.out_dir, (o.pooler_shapes ? "unpooler_tune_pooler_shapes_" : "unpooler_tune_") + report.date);
+  return report.write(o.out_dir, std::string(o.pooler_shapes ? "unpooler_tune_pooler_shapes_" : "unpooler_tune_") +
+                                     (o.pdl ? "pdl_" : "") + report.date);
 }
 
 void profile_unpooler(const UnpoolerBenchOptions& o) {

@@ -16,6 +16,10 @@ struct UnpoolerBenchOptions {
   // tune: the pooler's GEMM shapes (N = P / tp, K = H, the Pooler's MMA
   // engine) instead of the unpooler's (N = H / tp, K = P)
   bool pooler_shapes = false;
+  // tune: time each tactic in a PDL chain (mode pdl_chain) instead of with
+  // PDL off: what a caller that launches with PDL gets, weights prefetched
+  // during the previous kernel's tail.
+  bool pdl = false;
   // bench: non-empty: also record one replay of the PDL-chain graph of each
   // tp at the first m (spark_decode/trace.h; a -DSPARK_DECODE_TRACE=ON
   // build) into <trace>_unpooler_tp<tp>_m<m>.csv.

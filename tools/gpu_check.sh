@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on a lent GPU machine: build for sm_90a, run the GPU tests and the
 # benchmarks, leave logs and JSON in $OUT (default /tmp/spark-out).
-#   tools/gpu_check.sh [build] [test] [tune] [bench] [gather] [publish] [pooler] [trace]
+#   tools/gpu_check.sh [build] [test] [tune] [tune-pdl] [bench] [gather] [publish] [pooler] [trace]
 #   (default: build test bench). trace: a -DSPARK_DECODE_TRACE=ON build in
 #   build/trace, per-CTA timelines of the unpooler's PDL chain and of
 #   Pooler.run (tp 1, and tp 2 where two GPUs are), summarised into the log,
@@ -43,6 +43,13 @@ if has tune; then
   build/h200/spark-decode tune unpooler --out "$OUT" 2>&1 | tee -a "$LOG" || rc=1
   # The pooler GEMM's shapes, where the Pooler's MMA engine serves b >= 3.
   build/h200/spark-decode tune unpooler --pooler-shapes --m 4,8,16 --out "$OUT" 2>&1 | tee -a "$LOG" || rc=1
+fi
+if has tune-pdl; then
+  # The same, every tactic timed in a PDL chain (weights prefetched under the
+  # previous call's tail): what callers with PDL on (the default) get.
+  say "tune --pdl $(date -u +%T)"
+  build/h200/spark-decode tune unpooler --pdl --out "$OUT" 2>&1 | tee -a "$LOG" || rc=1
+  build/h200/spark-decode tune unpooler --pdl --pooler-shapes --m 4,8,16 --out "$OUT" 2>&1 | tee -a "$LOG" || rc=1
 fi
 if has bench; then
   say "bench $(date -u +%T)"

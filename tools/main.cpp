@@ -71,6 +71,7 @@ int main(int argc, char** argv) {
   auto* profile_unpooler = profile->add_subcommand("unpooler", "the unpooler at one tactic");
   tune_unpooler->add_flag("--pooler-shapes", opts.pooler_shapes,
                           "the pooler GEMM's shapes (N = P/tp, K = H) that the MMA engine serves");
+  tune_unpooler->add_flag("--pdl", opts.pdl, "time each tactic in a PDL chain (mode pdl_chain), not with PDL off");
   for (CLI::App* c : {tune_unpooler, profile_unpooler}) {
     c->add_option("--splits", opts.splits, "only these S")->delimiter(',');
     c->add_option("--kw", opts.kws, "only these kw")->delimiter(',');

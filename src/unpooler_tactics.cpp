@@ -139,21 +139,32 @@ const std::vector<UnpoolerTacticEntry>& unpooler_tactic_table() {
   // The unpooler's shapes: N = H / tp at K = P, for tp = 1, 2, 4, 8.
   // Chosen by `spark-decode tune unpooler` (every valid tactic, M = 1, 2, 4,
   // 8, 16, each with every compiled row tiling, CUDA graphs over cold
-  // weights): the lowest mean time over M, taking the best row tiling at
-  // each M (token tile 8 serves M 1..8, 16 serves 9..16). Near-ties (within
-  // 0.1 us, which two runs ordered differently) keep the simpler choice.
+  // weights) twice: with PDL off (`graph`) and in a PDL chain (`--pdl`).
+  // S, kw and accs fix the bits, so one choice serves both modes (PDL on
+  // must equal off); it is the lowest mean time over M with PDL off, taking
+  // the best row tiling at each M (token tile 8 serves M 1..8, 16 serves
+  // 9..16), and among near-ties (within 0.1 us, which two runs ordered
+  // differently) the one faster in the PDL chain, where callers run by
+  // default.
   static const char* kMeasured =
-      "H200, 2026-12-01, unpooler_tune_2026-12-01_2909260: lowest mean us over M 1..16";
+      "H200, 2026-12-01, unpooler_tune_2026-12-01_2909260 (PDL off) and "
+      "unpooler_tune_pdl_2026-12-01_4b6747b (PDL chain): lowest mean us over M 1..16";
   static const char* kMeasuredPooler =
-      "H200, 2026-12-01, unpooler_tune_pooler_shapes_2026-12-01_2909260: lowest mean us over M 4, 8, 16";
+      "H200, 2026-12-01, unpooler_tune_pooler_shapes_2026-12-01_2909260 (PDL off; the PDL chain, "
+      "unpooler_tune_pooler_shapes_pdl_2026-12-01_4b6747b, ranks the same first): lowest mean us over M 4, 8, 16";
   static const std::vector<UnpoolerTacticEntry> table = {
       // Two row tiles at every M: 19.3 us at M 1..8 and 21.7 at 16 (one: 23.5-27.7).
       {kMuseSpark.hidden / 1, kMuseSpark.pooled, make_tactic(2, 256, 1, 9, 1, 16), kMeasured},
       // 10.6-10.7 us at M 1..8, 12.4 at 16 (one row tile: 12.6-15.0).
       {kMuseSpark.hidden / 2, kMuseSpark.pooled, make_tactic(2, 256, 1, 9, 1, 16), kMeasured},
-      // Two row tiles win at token tile 8 (6.9-7.1 us), one at 16 (7.9 vs 8.3).
-      {kMuseSpark.hidden / 4, kMuseSpark.pooled, make_tactic(2, 256, 1, 9, 1, 8), kMeasured},
-      {kMuseSpark.hidden / 8, kMuseSpark.pooled, make_tactic(2, 256, 4, 9), kMeasured},
+      // One row tile: with PDL off it ties two at M 1..2 (6.94 us) and is
+      // 0.07-0.16 us slower at M 4..8; in a PDL chain it is 0.35-0.66 us
+      // faster at M 1..8 (5.65 vs 6.31 at M = 1: 256 CTAs of half the size
+      // have all their weights in flight before the wait).
+      {kMuseSpark.hidden / 4, kMuseSpark.pooled, make_tactic(2, 256, 1, 9), kMeasured},
+      // No cluster: the same mean with PDL off as S=2 accs=4 (5.13 us),
+      // 0.26-0.68 us faster in a PDL chain (3.07 vs 3.33 us at M = 1).
+      {kMuseSpark.hidden / 8, kMuseSpark.pooled, make_tactic(1, 256, 1, 9), kMeasured},
       // The pooler GEMM's shapes N = P / tp at K = H, which the Pooler's MMA
       // engine serves from b = 3 on: `tune unpooler --pooler-shapes --m 4,8,16`.
       {kMuseSpark.pooled / 1, kMuseSpark.hidden, make_tactic(2, 256, 1, 9, 1, 16), kMeasuredPooler},

@@ -1,8 +1,5 @@
 #include "cuda_utils.h"
 
-#include <cstdlib>
-#include <cstring>
-
 namespace spark_decode::detail {
 
 void require_sm90(int device, const char* what) {
@@ -30,14 +27,6 @@ bool is_capturing(cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
   return status != cudaStreamCaptureStatusNone;
-}
-
-bool l2_prefetch_enabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("SPARK_DECODE_L2_PREFETCH");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
-  return enabled;
 }
 
 }  // namespace spark_decode::detail

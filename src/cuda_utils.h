@@ -60,8 +60,4 @@ void require_current_device(int device, const char* what);
 // True while `stream` is being captured into a CUDA graph.
 bool is_capturing(cudaStream_t stream);
 
-// Whether the GEMMs pull the next wave's weights into L2 (EXPERIMENT: off
-// with SPARK_DECODE_L2_PREFETCH=0, read once).
-bool l2_prefetch_enabled();
-
 }  // namespace spark_decode::detail

@@ -43,17 +43,14 @@ bool aligned16(const void* p) { return p != nullptr && reinterpret_cast<uintptr_
 
 void launch_skinny(const PoolerGemmShape& s, const void* w, const void* x, void* out, int n, int k, int m,
                    cudaStream_t stream, bool enable_pdl, const LamportMailbox* publish_into = nullptr) {
+  kernels::PoolerGemmArgs args{static_cast<const __nv_bfloat16*>(w), static_cast<const __nv_bfloat16*>(x),
+                               static_cast<__nv_bfloat16*>(out), n, k, m, {}};
+  if (publish_into) args.publish = publish_target(*publish_into);
   kernels::LaunchShape shape;
   shape.grid = dim3(n / s.outputs_per_block);
   shape.block = dim3(s.block_size);
   shape.enable_pdl = enable_pdl;
-  const SkinnyFn fn = skinny_kernel(s, m);
-  // One wave ahead (an occupancy query: host arithmetic, no device work).
-  const int ahead = detail::l2_prefetch_enabled() ? kernels::wave_width(fn, shape) : 0;
-  kernels::PoolerGemmArgs args{static_cast<const __nv_bfloat16*>(w), static_cast<const __nv_bfloat16*>(x),
-                               static_cast<__nv_bfloat16*>(out), n, k, m, {}, ahead};
-  if (publish_into) args.publish = publish_target(*publish_into);
-  kernels::launch(fn, shape, stream, args);
+  kernels::launch(skinny_kernel(s, m), shape, stream, args);
 }
 
 void check_operands(const void* w, const void* x, void* out, int n, int k, int m) {

@@ -145,8 +145,6 @@ void Unpooler::prepare(int tile, int row_tiles) {
                         tactic_.to_string(), " with token tile ", tile, " and ", row_tiles,
                         " row tiles: no cluster of this shape fits the device");
   }
-  prefetch_ahead_[variant_index(tile, row_tiles)] =
-      detail::l2_prefetch_enabled() ? kernels::wave_width(fn, shape) : 0;
   prepared_[variant_index(tile, row_tiles)] = true;
 }
 
@@ -165,8 +163,7 @@ void Unpooler::run(const void* x, void* out, int m, cudaStream_t stream) {
   detail::require_current_device(device_, "the unpooler");
   kernels::UnpoolerArgs args{static_cast<const __nv_bfloat16*>(weight_),
                              static_cast<const __nv_bfloat16*>(x),
-                             static_cast<__nv_bfloat16*>(out), n_, k_, m, {},
-                             prefetch_ahead_[variant_index(tile, row_tiles)]};
+                             static_cast<__nv_bfloat16*>(out), n_, k_, m, {}};
   if (mailbox_) args.publish = publish_target(*mailbox_, ticket_);
   kernels::launch(unpooler_kernel_for(tactic_.kw, tactic_.accs, tile, row_tiles),
                   launch_shape(n_, k_, tactic_, tile, row_tiles, enable_pdl_), stream, args);

@@ -162,9 +162,6 @@ class Unpooler {
   bool enable_pdl_;
   UnpoolerTactic tactic_;
   std::array<bool, 4> prepared_{};  // [tile 8, 16] x [row tiles 1, 2]
-  // Per variant: how far ahead (in CTAs along x, one wave) each CTA pulls
-  // weights into L2; 0: not at all.
-  std::array<int, 4> prefetch_ahead_{};
 };
 
 }  // namespace spark_decode

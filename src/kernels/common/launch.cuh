@@ -62,18 +62,4 @@ int max_active_clusters(void (*kernel)(Params...), const LaunchShape& shape) {
   return clusters;
 }
 
-// How many CTAs of this shape the device runs at once, counted along
-// blockIdx.x (for clusters (1, S, 1): whole clusters): one wave.
-template <typename... Params>
-int wave_width(void (*kernel)(Params...), const LaunchShape& shape) {
-  if (shape.cluster_y > 1) return max_active_clusters(kernel, shape);
-  int per_sm = 0, device = 0, sms = 0;
-  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-      &per_sm, reinterpret_cast<const void*>(kernel), static_cast<int>(shape.block.x * shape.block.y * shape.block.z),
-      static_cast<size_t>(shape.smem_bytes)));
-  CUDA_CHECK(cudaGetDevice(&device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return per_sm * sms;
-}
-
 }  // namespace spark_decode::kernels

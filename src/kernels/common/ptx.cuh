@@ -59,16 +59,6 @@ __device__ __forceinline__ uint4 ld_stream_v4(const void* ptr, uint64_t policy) 
   return v;
 }
 
-// Asks L2 to fetch [ptr, ptr + bytes) from memory (16-byte aligned, bytes a
-// multiple of 16), one instruction for the whole range: no register, no
-// shared memory and nothing to wait for; a later load of those bytes hits
-// L2. For weights only (no grid writes them): the lines a CTA will need
-// after the current wave, pulled while this wave's registers still hold its
-// own loads, so the wave boundary leaves no gap in the memory stream.
-__device__ __forceinline__ void prefetch_l2_bulk(const void* ptr, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(ptr), "r"(bytes));
-}
-
 // 16 bytes written by an earlier grid (activations). A plain C++ load, not
 // asm: the compiler may batch and hoist these (volatile asm loads would be
 // issued one dependent MMA at a time), yet never above griddep_wait, whose

@@ -43,9 +43,6 @@ struct PoolerGemmArgs {
   // the pooler's mailbox, as its own publish kernel would put it. kNone: out
   // only.
   mailbox_dev::PublishTarget publish;
-  // > 0: CTA j also pulls into L2 the weights of CTA j + prefetch_ahead (the
-  // one that takes its place a wave later; see unpooler_kernel.cuh).
-  int prefetch_ahead;
 };
 
 namespace skinny {
@@ -122,9 +119,6 @@ __global__ void __launch_bounds__(kBlock) skinny_gemm_kernel(const PoolerGemmArg
   for (int u = 0; u < kUnroll; ++u)
 #pragma unroll
     for (int o = 0; o < kOpb; ++o) w[u][o] = ptx::ld_stream_v4(wbase + int64_t(o) * k + 8 * u * kBlock, policy);
-
-  if (a.prefetch_ahead > 0 && t == 0 && blockIdx.x + a.prefetch_ahead < gridDim.x)
-    ptx::prefetch_l2_bulk(a.w + int64_t(n0 + a.prefetch_ahead * kOpb) * k, static_cast<uint32_t>(kOpb) * k * 2);
 
   // x comes from the previous grid.
   ptx::griddep_wait();

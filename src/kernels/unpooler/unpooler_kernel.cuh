@@ -49,10 +49,6 @@ struct UnpoolerArgs {
   __nv_bfloat16* out;      // [m, N]
   int n, k, m;
   mailbox_dev::PublishTarget publish;  // the zero-copy epilogue's (SPEC §2.5); mode kNone: y only stored
-  // > 0: CTA (x, s) also pulls into L2 the weights of CTA (x + prefetch_ahead,
-  // s), the one that takes its place one wave later (prefetch_ahead = the
-  // clusters resident at once).
-  int prefetch_ahead;
 };
 
 __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
@@ -123,17 +119,6 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW, R))
       wb[r][v] = ptx::ld_stream_v4(w_lo + r * tile_stride + 8 * static_cast<size_t>(args.k) + v * kUnpoolerBlockK,
                                    policy);
     }
-
-  // Registers bound what a wave can hold in flight, so each wave would end
-  // with the memory stream drained; the next wave's weights, pulled into L2
-  // now (after this CTA's own loads, which are needed first), keep it busy
-  // across the boundary. One bulk request per weight row of the successor.
-  if (args.prefetch_ahead > 0 && threadIdx.x < kRowsPerCta && blockIdx.x + args.prefetch_ahead < gridDim.x) {
-    const int slice = args.k / splits;
-    ptx::prefetch_l2_bulk(args.w + static_cast<size_t>(feature0 + args.prefetch_ahead * kRowsPerCta + threadIdx.x) *
-                                       args.k + split * slice,
-                          static_cast<uint32_t>(slice) * 2);
-  }
 
   // x is written by the previous grid.
   ptx::griddep_wait();

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on a lent GPU machine: build for sm_90a, run the GPU tests and the
 # benchmarks, leave logs and JSON in $OUT (default /tmp/spark-out).
-#   tools/gpu_check.sh [build] [test] [tune] [tune-pdl] [bench] [gather] [publish] [pooler] [trace]
+#   tools/gpu_check.sh [build] [test] [sanitize] [tune] [tune-pdl] [bench] [gather] [publish] [pooler] [trace]
 #   (default: build test bench). trace: a -DSPARK_DECODE_TRACE=ON build in
 #   build/trace, per-CTA timelines of the unpooler's PDL chain and of
 #   Pooler.run (tp 1, and tp 2 where two GPUs are), summarised into the log,
@@ -37,6 +37,30 @@ if has test; then
   say "gpu tests $(date -u +%T)"
   (cd build/h200 && ctest -L gpu --output-on-failure --timeout 240) 2>&1 | tee -a "$LOG" | tail -40
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+fi
+if has sanitize; then
+  # compute-sanitizer over the one-GPU tests at small shapes (it slows
+  # kernels 10-100x): memcheck (out-of-bounds and misaligned accesses, also
+  # in distributed shared memory and the mailbox), racecheck (shared-memory
+  # hazards: the split-K partials, the norm's block sums), synccheck
+  # (barriers under divergence). A clean pass prints "ERROR SUMMARY: 0".
+  say "compute-sanitizer $(date -u +%T)"
+  SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  T=build/h200/tests/spark_decode_gpu_tests
+  small="UnpoolerGpu.SmallShapes*:UnpoolerGpu.EveryCompiledVariant:UnpoolerGpu.FromMoe*:PoolerGemm.Every*"
+  small+=":PoolerExpertNorm.*:PoolerEdge.*:PoolerNvfp4.*:Mailbox.OneRank*:PoolerGemmPublish.*OneGpu"
+  small+=":Pooler.SixtyTwoLayersSmallShapeOneGpu"
+  for tool in memcheck racecheck synccheck; do
+    filter=$small
+    [ "$tool" = memcheck ] || filter="UnpoolerGpu.SmallShapes*:PoolerGemm.Every*:PoolerExpertNorm.*:PoolerEdge.*"
+    echo "-- $tool: $filter" | tee -a "$LOG"
+    timeout 150 "$SAN" --tool "$tool" --error-exitcode 9 "$T" --gtest_filter="$filter" >"$OUT/san_$tool.txt" 2>&1
+    st=$?
+    grep -E "^\[  (PASSED|FAILED|SKIPPED) |ERROR SUMMARY|RACECHECK SUMMARY|^=+ (Invalid|Race|Barrier|Error)" \
+      "$OUT/san_$tool.txt" | sort | uniq -c | head -20 | tee -a "$LOG"
+    echo "-- $tool exit $st" | tee -a "$LOG"
+    [ "$st" -eq 0 ] || rc=1
+  done
 fi
 if has tune; then
   say "tune $(date -u +%T)"

@@ -5,8 +5,6 @@
 #include "cuda_utils.h"
 #include "kernels/common/launch.cuh"
 #include "kernels/pooler/skinny_gemm.cuh"
-#include "kernels/pooler/skinny_staged.cuh"
-#include "kernels/unpooler/unpooler_config.h"
 #include "publish_target.cuh"
 #include "spark_decode/error.h"
 #include "spark_decode/mailbox.h"
@@ -41,53 +39,6 @@ SkinnyFn skinny_kernel(const PoolerGemmShape& s, int m) {
   return nullptr;
 }
 
-using StagedFn = void (*)(kernels::PoolerGemmArgs, int);
-
-template <int O, int U>
-StagedFn pick_staged_tile(int tile) {
-  return tile == 1 ? kernels::skinny_staged_kernel<O, U, 1>
-                   : tile == 2 ? kernels::skinny_staged_kernel<O, U, 2> : kernels::skinny_staged_kernel<O, U, 4>;
-}
-
-StagedFn staged_kernel(const PoolerGemmShape& s, int m) {
-  const int tile = row_tile(m);
-  if (s == PoolerGemmShape{256, 4, 1, true}) return pick_staged_tile<4, 1>(tile);
-  if (s == PoolerGemmShape{256, 2, 2, true}) return pick_staged_tile<2, 2>(tile);
-  return nullptr;
-}
-
-// The staged kernel's launch: one CTA per SM at most, each a contiguous run
-// of equally many tiles (the last may have fewer), and the deepest ring the
-// shared memory allows beside x.
-struct StagedLaunch {
-  kernels::LaunchShape shape;
-  int stages = 0;
-};
-StagedLaunch staged_launch(const PoolerGemmShape& s, int n, int k, int m, int device, bool enable_pdl) {
-  int sms = 0, optin = 0;
-  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  const int tiles = n / s.outputs_per_block, rows = row_tile(m);
-  const int per_cta = (tiles + sms - 1) / sms;
-  StagedLaunch l;
-  l.stages =
-      kernels::staged_stages(s.outputs_per_block, s.k_unroll, rows, k, std::min(optin, kernels::kMaxSmemPerBlock));
-  SPARK_CHECK_RUNTIME(l.stages >= kernels::kStagedMinStages, "pooler GEMM: ", s.to_string(), " at m = ", m,
-                      " fits ", l.stages, " weight stages in cuda:", device, "'s shared memory");
-  l.shape.grid = dim3((tiles + per_cta - 1) / per_cta);
-  l.shape.block = dim3(kernels::kStagedThreads);
-  l.shape.smem_bytes = kernels::staged_smem_bytes(s.outputs_per_block, s.k_unroll, rows, k, l.stages);
-  l.shape.enable_pdl = enable_pdl;
-  return l;
-}
-
-// Lets the staged kernel for (s, m) use the shared memory it asks for (the
-// most any staged launch asks: a per-kernel, per-device setting).
-void prepare_staged(const PoolerGemmShape& s, int m) {
-  CUDA_CHECK(cudaFuncSetAttribute(staged_kernel(s, m), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  kernels::kMaxSmemPerBlock));
-}
-
 bool aligned16(const void* p) { return p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 void launch_skinny(const PoolerGemmShape& s, const void* w, const void* x, void* out, int n, int k, int m,
@@ -95,13 +46,6 @@ void launch_skinny(const PoolerGemmShape& s, const void* w, const void* x, void*
   kernels::PoolerGemmArgs args{static_cast<const __nv_bfloat16*>(w), static_cast<const __nv_bfloat16*>(x),
                                static_cast<__nv_bfloat16*>(out), n, k, m, {}};
   if (publish_into) args.publish = publish_target(*publish_into);
-  if (s.staged) {
-    int device = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
-    const StagedLaunch l = staged_launch(s, n, k, m, device, enable_pdl);
-    kernels::launch(staged_kernel(s, m), l.shape, stream, args, l.stages);
-    return;
-  }
   kernels::LaunchShape shape;
   shape.grid = dim3(n / s.outputs_per_block);
   shape.block = dim3(s.block_size);
@@ -126,11 +70,6 @@ void skinny_gemm(const PoolerGemmShape& shape, const void* w, const void* x, voi
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   detail::require_sm90(device, "the pooler GEMM");
-  if (shape.staged) {
-    SPARK_CHECK(!detail::is_capturing(stream), "skinny_gemm with a staged shape prepares its kernel: not under "
-                "CUDA graph capture (use PoolerGemm)");
-    prepare_staged(shape, m);
-  }
   launch_skinny(shape, w, x, out, n, k, m, stream, enable_pdl);
 }
 
@@ -183,14 +122,8 @@ PoolerGemm::PoolerGemm(const TensorRef& weight, int tp, Options options)
   // Load the skinny kernels now: never lazily under capture.
   for (int b : batches)
     if (choice_[b - 1]->engine == PoolerGemmEngine::skinny) {
-      const PoolerGemmShape& s = choice_[b - 1]->shape;
-      if (s.staged) {
-        prepare_staged(s, b);
-        (void)staged_launch(s, n_, k_, b, device_, enable_pdl_);  // can_implement: the ring fits this device
-      } else {
-        cudaFuncAttributes attrs;
-        CUDA_CHECK(cudaFuncGetAttributes(&attrs, skinny_kernel(s, b)));
-      }
+      cudaFuncAttributes attrs;
+      CUDA_CHECK(cudaFuncGetAttributes(&attrs, skinny_kernel(choice_[b - 1]->shape, b)));
     }
 }
 

@@ -2,8 +2,6 @@
 // and are tested on machines without a GPU).
 #include <sstream>
 
-#include "kernels/pooler/staged_config.h"
-#include "kernels/unpooler/unpooler_config.h"
 #include "spark_decode/error.h"
 #include "spark_decode/model_shape.h"
 #include "spark_decode/pooler_gemm.h"
@@ -13,7 +11,7 @@ namespace spark_decode {
 std::string PoolerGemmShape::to_string() const {
   std::ostringstream os;
   os << "skinny(block_size=" << block_size << ", outputs_per_block=" << outputs_per_block
-     << ", k_unroll=" << k_unroll << (staged ? ", staged" : "") << ")";
+     << ", k_unroll=" << k_unroll << ")";
   return os.str();
 }
 
@@ -27,7 +25,7 @@ std::string PoolerGemmChoice::to_string() const {
 
 const std::vector<PoolerGemmShape>& pooler_gemm_shapes() {
   // Keep in step with the instantiations in src/pooler_gemm.cu. Each
-  // unstaged shape's k_unroll makes K = H = 8192 one chunk (8 * block_size *
+  // shape's k_unroll makes K = H = 8192 one chunk (8 * block_size *
   // k_unroll), so a thread's whole weight slice is loaded before
   // griddepcontrol.wait; outputs_per_block * 16 rows <= 64 accumulators.
   static const std::vector<PoolerGemmShape> shapes = {
@@ -35,9 +33,6 @@ const std::vector<PoolerGemmShape>& pooler_gemm_shapes() {
       {256, 4, 4},
       {512, 2, 2},
       {512, 4, 2},
-      // Staged: a 16 KiB stage (4 rows x 2048 or 2 rows x 4096 columns).
-      {256, 4, 1, true},
-      {256, 2, 2, true},
   };
   return shapes;
 }
@@ -62,16 +57,6 @@ std::optional<std::string> pooler_gemm_unsupported(int n, int k, int m, const Po
                           8 * s.block_size * s.k_unroll);
   if (n / s.outputs_per_block > 0x7fffffff / 2)
     return detail::concat("pooler GEMM: N = ", n, " too large");
-  if (s.staged) {
-    const int rows = m <= 1 ? 1 : m <= 2 ? 2 : 4;
-    if (m > kernels::kStagedMaxRows)
-      return detail::concat("pooler GEMM: ", s.to_string(), " keeps x in shared memory: m <= ",
-                            kernels::kStagedMaxRows, ", got m = ", m);
-    if (kernels::staged_stages(s.outputs_per_block, s.k_unroll, rows, k, kernels::kMaxSmemPerBlock) <
-        kernels::kStagedMinStages)
-      return detail::concat("pooler GEMM: ", s.to_string(), ": x [", rows, ", ", k,
-                            "] leaves no room for two weight stages in shared memory");
-  }
   return std::nullopt;
 }
 
@@ -98,7 +83,6 @@ PoolerGemmChoice mma() {
 // engine's, which holds b = 4..16 (b = 5, 7 and 9..16 follow the measured b
 // around them: the MMA engine's time is flat in b).
 PoolerGemmChoice table_entry(int tp, int b) {
-  if (b <= 2) return PoolerGemmChoice{PoolerGemmEngine::skinny, {256, 4, 1, true}};  // EXPERIMENT
   if (b == 1) return skinny(512, 4, 2);
   if (b == 2) return tp <= 2 ? skinny(512, 2, 2) : skinny(512, 4, 2);
   if (b == 3 && tp == 8) return skinny(512, 2, 2);
@@ -112,9 +96,8 @@ PoolerGemmChoice pooler_gemm_choice(int n, int k, int tp, int b) {
     PoolerGemmChoice c = table_entry(tp, b);
     if (c.engine == PoolerGemmEngine::mma || !pooler_gemm_unsupported(n, k, b, c.shape)) return c;
   }
-  // Staged shapes only where the table names them (measured).
   for (const auto& s : pooler_gemm_shapes())
-    if (!s.staged && !pooler_gemm_unsupported(n, k, b, s)) return PoolerGemmChoice{PoolerGemmEngine::skinny, s};
+    if (!pooler_gemm_unsupported(n, k, b, s)) return skinny(s.block_size, s.outputs_per_block, s.k_unroll);
   return mma();
 }
 

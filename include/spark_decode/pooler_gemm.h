@@ -57,12 +57,6 @@ struct PoolerGemmShape {
   int block_size = 256;
   int outputs_per_block = 4;
   int k_unroll = 4;
-  // Weights through a ring of shared-memory stages filled by the copy engine
-  // (persistent CTAs, one per SM) instead of straight into registers: more
-  // bytes in flight, and across CTA tiles. Same bits as block_size 256
-  // unstaged; block_size must be 256, m <= 4, k_unroll vectors per thread
-  // and row per stage.
-  bool staged = false;
   std::string to_string() const;
   bool operator==(const PoolerGemmShape&) const = default;
 };

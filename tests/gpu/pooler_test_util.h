@@ -17,7 +17,6 @@
 #include "gpu_test_util.h"
 #include "spark_decode/bf16.h"
 #include "spark_decode/error.h"
-#include "spark_decode/pooler_gemm.h"
 #include "spark_decode/reference.h"
 
 namespace spark_decode::testing::pooler_tests {
@@ -178,17 +177,6 @@ inline uint64_t fresh_seed(const char* what) {
   const uint64_t seed = rng()();
   std::printf("[%s] data seed %llu\n", what, static_cast<unsigned long long>(seed));
   return seed;
-}
-
-// The batches of `candidates` that `engine` (nullopt: the table) serves at
-// [n, k]: a staged skinny shape serves m <= 4 only.
-inline std::vector<int> servable(const std::optional<PoolerGemmChoice>& engine, int n, int k,
-                                 const std::vector<int>& candidates) {
-  std::vector<int> out;
-  for (int b : candidates)
-    if (!engine || engine->engine != PoolerGemmEngine::skinny || !pooler_gemm_unsupported(n, k, b, engine->shape))
-      out.push_back(b);
-  return out;
 }
 
 }  // namespace spark_decode::testing::pooler_tests

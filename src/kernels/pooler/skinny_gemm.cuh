@@ -91,63 +91,6 @@ __device__ __forceinline__ void reduce_scatter(float* v, int lane, int& base) {
   }
 }
 
-
-// The end of a CTA's tile (kOpb columns, kRows rows) once every thread has
-// its K share in acc: the warp reduction, the warp sums added in warp order,
-// the BF16 stores, and with the fused publish the same values into the
-// mailbox. partial: [kWarps][kOpb * kRows] FP32 and y_pub: [kOpb * kRows]
-// in shared memory; sync(): a barrier over the kWarps * 32 computing threads.
-template <int kWarps, int kOpb, int kRows, typename Sync>
-__device__ __forceinline__ void finish_tile(const float (&acc)[kOpb][kRows], float* partial, uint16_t* y_pub,
-                                            const PoolerGemmArgs& a, int n0, bool publishing, uint32_t stage,
-                                            Sync sync) {
-  constexpr int kValues = kOpb * kRows;
-  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
-  float v[kValues];
-#pragma unroll
-  for (int o = 0; o < kOpb; ++o)
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) v[o * kRows + r] = acc[o][r];
-  int base = 0;
-  reduce_scatter<kValues, 16>(v, lane, base);
-  if constexpr (kValues >= 32) {
-#pragma unroll
-    for (int i = 0; i < kValues / 32; ++i) partial[warp * kValues + base + i] = v[i];
-  } else {
-    // 32 / kValues lanes hold each sum (the butterfly's tail): the one whose
-    // low lane bits are zero stores it.
-    if ((lane & (32 / kValues - 1)) == 0) partial[warp * kValues + base] = v[0];
-  }
-  sync();
-  // y in shared memory too when publishing: the mailbox takes BF16 pairs.
-  if (t < kValues) {
-    const int o = t / kRows, r = t % kRows;
-    if (r < a.m) {
-      float s = partial[t];
-#pragma unroll
-      for (int wi = 1; wi < kWarps; ++wi) s = __fadd_rn(s, partial[wi * kValues + t]);
-      const __nv_bfloat16 y = __float2bfloat16_rn(s);
-      a.out[int64_t(r) * a.n + n0 + o] = y;
-      if (publishing) y_pub[t] = __bfloat16_as_ushort(y);
-    }
-  }
-  if (!publishing) return;
-  sync();
-  // Columns (2p, 2p + 1) of row r go out as one 32-bit word: the pollers
-  // load the mailbox as 32-bit elements (a 16-byte vector is four of them
-  // in the PTX memory model), and a store of the same size and alignment
-  // keeps the race between them inside the model (a 2-byte store racing a
-  // 4-byte load is a mixed-size race, which the model leaves undefined).
-  if (t < kValues / 2) {
-    const int p = t / kRows, r = t % kRows;
-    if (r < a.m) {
-      const uint32_t pair = uint32_t(y_pub[(2 * p) * kRows + r]) | uint32_t(y_pub[(2 * p + 1) * kRows + r]) << 16;
-      mailbox_dev::store_pair_to_all(a.publish.copies, a.publish.layout.tp, a.publish.rank,
-                                     a.publish.layout.offset(stage, a.publish.rank, r, n0 + 2 * p), pair);
-    }
-  }
-}
-
 }  // namespace skinny
 
 // kRows: the row tile (1, 2, 4, 8 or 16); rows >= m are neither read nor
@@ -163,7 +106,7 @@ __global__ void __launch_bounds__(kBlock) skinny_gemm_kernel(const PoolerGemmArg
   static_assert(kOpb % 2 == 0, "the fused publish stores column pairs");
   __shared__ float partial[kWarps][kValues];
 
-  const int t = threadIdx.x;
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
   const int n0 = blockIdx.x * kOpb;
   const int k = a.k;
   constexpr int kChunkVecs = kBlock * kUnroll;
@@ -217,8 +160,50 @@ __global__ void __launch_bounds__(kBlock) skinny_gemm_kernel(const PoolerGemmArg
     }
   }
 
+  float v[kValues];
+#pragma unroll
+  for (int o = 0; o < kOpb; ++o)
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) v[o * kRows + r] = acc[o][r];
+  int base = 0;
+  skinny::reduce_scatter<kValues, 16>(v, lane, base);
+  if constexpr (kValues >= 32) {
+#pragma unroll
+    for (int i = 0; i < kValues / 32; ++i) partial[warp][base + i] = v[i];
+  } else {
+    // 32 / kValues lanes hold each sum (the butterfly's tail): the one whose
+    // low lane bits are zero stores it.
+    if ((lane & (32 / kValues - 1)) == 0) partial[warp][base] = v[0];
+  }
+  __syncthreads();
+  // y in shared memory too when publishing: the mailbox takes BF16 pairs.
   __shared__ uint16_t y_pub[kValues];
-  skinny::finish_tile<kWarps>(acc, &partial[0][0], y_pub, a, n0, publishing, stage, [] { __syncthreads(); });
+  if (t < kValues) {
+    const int o = t / kRows, r = t % kRows;
+    if (r < a.m) {
+      float s = partial[0][t];
+#pragma unroll
+      for (int wi = 1; wi < kWarps; ++wi) s = __fadd_rn(s, partial[wi][t]);
+      const __nv_bfloat16 y = __float2bfloat16_rn(s);
+      a.out[int64_t(r) * a.n + n0 + o] = y;
+      if (publishing) y_pub[t] = __bfloat16_as_ushort(y);
+    }
+  }
+  if (!publishing) return;
+  __syncthreads();
+  // Columns (2p, 2p + 1) of row r go out as one 32-bit word: the pollers
+  // load the mailbox as 32-bit elements (a 16-byte vector is four of them
+  // in the PTX memory model), and a store of the same size and alignment
+  // keeps the race between them inside the model (a 2-byte store racing a
+  // 4-byte load is a mixed-size race, which the model leaves undefined).
+  if (t < kValues / 2) {
+    const int p = t / kRows, r = t % kRows;
+    if (r < a.m) {
+      const uint32_t pair = uint32_t(y_pub[(2 * p) * kRows + r]) | uint32_t(y_pub[(2 * p + 1) * kRows + r]) << 16;
+      mailbox_dev::store_pair_to_all(a.publish.copies, a.publish.layout.tp, a.publish.rank,
+                                     a.publish.layout.offset(stage, a.publish.rank, r, n0 + 2 * p), pair);
+    }
+  }
 }
 
 }  // namespace spark_decode::kernels

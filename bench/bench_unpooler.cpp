@@ -98,6 +98,23 @@ std::string bench_unpooler(const UnpoolerBenchOptions& o) {
                   "%.0f MB shard %.2f us",
                   tp, empty_us, 2.0 * n * k / 1e6, read_us);
     report.notes.push_back(diag);
+    if (tp <= 2) {
+      // What the copy engine streams into shared memory (the design SPEC
+      // §2.1 excludes for the unpooler, open to the pooler's engines).
+      prepare_bulk_read();
+      std::string line = "tp " + std::to_string(tp) + " diagnostics: cp.async.bulk read (copy bytes x CTAs/SM):";
+      for (int copy : {4096, 16384, 32768})
+        for (int per_sm : {1, 2}) {
+          const double us = time_graph(
+              [&](cudaStream_t s, int c) { enqueue_bulk_read(weights.copy(c), size_t{2} * n * k, copy, per_sm, s); },
+              weights.copies, o.repeats, stream);
+          char buf[48];
+          std::snprintf(buf, sizeof buf, " %dK x %d %.2f us", copy / 1024, per_sm, us);
+          line += buf;
+        }
+      std::printf("  %s\n", line.c_str());
+      report.notes.push_back(line);
+    }
     for (int m : o.ms) {
       CublasGemm blas(m, n, k);
       const double blas_us = blas.pick_fastest(copies, x.get(), out.get(), o.repeats, stream);

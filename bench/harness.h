@@ -100,6 +100,12 @@ class DeviceMemory {
 // a GEMV could at best do with the same bytes, launch included).
 void enqueue_empty(cudaStream_t stream);
 void enqueue_read(const void* p, size_t bytes, cudaStream_t stream);
+// The same bytes streamed by the copy engine (cp.async.bulk of `copy` bytes
+// into a shared-memory ring, ctas_per_sm CTAs per SM), nothing computed: the
+// bandwidth a shared-memory-staged kernel could reach. Call
+// prepare_bulk_read() once per device first (not under capture).
+void prepare_bulk_read();
+void enqueue_bulk_read(const void* p, size_t bytes, int copy, int ctas_per_sm, cudaStream_t stream);
 
 // Fills `count` BF16 at `p` with N(0,1) draws (device-side, fast).
 void fill_random_bf16(void* p, size_t count, uint64_t seed, cudaStream_t stream = nullptr);

@@ -330,6 +330,26 @@ __device__ __forceinline__ void mbarrier_wait_parity(uint32_t bar, uint32_t pari
       : "memory");
 }
 
+// One arrival on this CTA's mbarrier (release: this thread's earlier shared
+// memory reads are done before the phase can complete).
+__device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+
+// `bytes` (a multiple of 16, 16-byte aligned at both ends) of global memory
+// into this CTA's shared memory by the copy engine, completing as
+// transactions on `bar`, under the L2 eviction `policy`. The copy runs in the
+// async proxy: never for what this grid's predecessor wrote before
+// griddep_wait.
+__device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar,
+                                              uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
+          dst),
+      "l"(src), "r"(bytes), "r"(bar), "l"(policy)
+      : "memory");
+}
+
 // 16 bytes into another CTA's shared memory, completing on its mbarrier.
 __device__ __forceinline__ void st_async_v4(uint32_t remote_addr, float a, float b, float c, float d,
                                             uint32_t remote_bar) {

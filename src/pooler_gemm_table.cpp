@@ -75,17 +75,20 @@ PoolerGemmChoice mma() {
   return c;
 }
 
-// Measured on an H200 (bench/results/pooler_tune_2026-12-01.json, `tune
-// pooler --b 1,2,3,4,6,8`, PDL chain as Pooler.run launches, the MMA engine at
-// its tactic-table rows): the skinny GEMM streams best at b = 1 (92% of the
-// read floor at tp 1) and still wins at b = 2 (b = 3 too at tp 8); from there
-// its CUDA-core FMAs and per-4-rows re-reads of x cost more than the MMA
-// engine's, which holds b = 4..16 (b = 5, 7 and 9..16 follow the measured b
-// around them: the MMA engine's time is flat in b).
+// Measured on an H200 in a PDL chain, as Pooler.run launches
+// (bench/results/pooler_tune_2026-12-01_95cbe0a, `tune pooler --b 1,2,3,4,6`,
+// the MMA engine at its tactic-table rows, after the weight loads were made
+// coherent so that they stream before griddepcontrol.wait): the skinny GEMM
+// streams best at b = 1 (93% of the read floor at tp 1, 2.4x cuBLAS at tp 8)
+// and at tp 1 still wins at b = 2 (16.9 vs 17.3 us); elsewhere the MMA engine
+// takes b = 2 on (tp 2: 8.9 vs 10.1 us, tp 4: 5.4 vs 5.7, tp 8: 3.1 vs 3.4),
+// since in a chain it has its first wave's weights in flight before the wait
+// and its time is flat in b, while the skinny GEMM's CUDA-core FMAs and its
+// per-4-rows re-reads of x grow with b. (With PDL off the skinny GEMM would
+// keep b = 2 at tp 2-8 and b = 3 at tp 8; the Pooler runs with PDL.)
 PoolerGemmChoice table_entry(int tp, int b) {
   if (b == 1) return skinny(512, 4, 2);
-  if (b == 2) return tp <= 2 ? skinny(512, 2, 2) : skinny(512, 4, 2);
-  if (b == 3 && tp == 8) return skinny(512, 2, 2);
+  if (b == 2 && tp == 1) return skinny(512, 2, 2);
   return mma();
 }
 
@@ -105,17 +108,19 @@ PoolerGemmChoice pooler_gemm_choice(int n, int k, int tp, int b) {
 // _4777a2c: Pooler.run against project + publish + gather, b = 1, 4, 8, 16):
 // at tp 1 the fused publish wins at every b (0.2-0.7 us); at tp 2 the
 // publish kernel wins at b = 1 (0.5-0.8 us) and 16 (1.1 us), ties at 8 and
-// loses at 4. Between the measured b: the skinny GEMM's b (1-2) and the
-// 16-token tiles (9-16) follow b = 1 and 16, the 8-token tiles (3-8) b = 4.
-// Unmeasured tp keep the fused publish.
+// loses at 4. Between the measured b: the skinny GEMM's b (1) and the
+// 16-token tiles (9-16) follow b = 1 and 16, the MMA engine's 8-token tiles
+// (2-8 since the engine table moved b = 2 to it) b = 4. Unmeasured tp keep
+// the fused publish. (Measured before the weight loads were made coherent;
+// to be re-measured on two GPUs.)
 bool pooler_fused_publish(int tp, int b) {
   if (tp != 2) return true;
-  return b >= 3 && b <= 8;
+  return b >= 2 && b <= 8;
 }
 
 std::string format_pooler_gemm_table() {
   std::ostringstream os;
-  os << "pooler GEMM (N = P/tp, K = H; by tp and b; H200 2026-12-01 at b = 1, 2, 3, 4, 6, 8):\n";
+  os << "pooler GEMM (N = P/tp, K = H; by tp and b; H200 2026-12-01, PDL chain, b = 1, 2, 3, 4, 6):\n";
   for (int tp : kTensorParallelSizes) {
     const int n = kMuseSpark.pooled / tp, k = kMuseSpark.hidden;
     os << "  tp " << tp << " N=" << n << " K=" << k << ":";

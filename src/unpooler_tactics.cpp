@@ -166,7 +166,7 @@ const std::vector<UnpoolerTacticEntry>& unpooler_tactic_table() {
       // 0.26-0.68 us faster in a PDL chain (3.07 vs 3.33 us at M = 1).
       {kMuseSpark.hidden / 8, kMuseSpark.pooled, make_tactic(1, 256, 1, 9), kMeasured},
       // The pooler GEMM's shapes N = P / tp at K = H, which the Pooler's MMA
-      // engine serves from b = 3 on: `tune unpooler --pooler-shapes --m 4,8,16`.
+      // engine serves from b = 2 on (b = 3 at tp 1): `tune unpooler --pooler-shapes --m 4,8,16`.
       {kMuseSpark.pooled / 1, kMuseSpark.hidden, make_tactic(2, 256, 1, 9, 1, 16), kMeasuredPooler},
       {kMuseSpark.pooled / 2, kMuseSpark.hidden, make_tactic(2, 256, 1, 9, 1, 16), kMeasuredPooler},
       {kMuseSpark.pooled / 4, kMuseSpark.hidden, make_tactic(2, 256, 1, 9), kMeasuredPooler},

@@ -68,7 +68,7 @@ fi
 if has tune; then
   say "tune $(date -u +%T)"
   build/h200/spark-decode tune unpooler --out "$OUT" 2>&1 | tee -a "$LOG" || rc=1
-  # The pooler GEMM's shapes, where the Pooler's MMA engine serves b >= 3.
+  # The pooler GEMM's shapes, where the Pooler's MMA engine serves b >= 2 (b >= 3 at tp 1).
   build/h200/spark-decode tune unpooler --pooler-shapes --m 4,8,16 --out "$OUT" 2>&1 | tee -a "$LOG" || rc=1
 fi
 if has tune-pdl; then

@@ -29,15 +29,17 @@ std::string UnpoolerTactic::to_string() const {
   // the m served with R tiles (16R rows per CTA), as ranges ("1-8,16").
   for (int rows : kUnpoolerRowTiles) {
     if (rows == 1) continue;
-    std::string ranges;
+    std::ostringstream ranges;
     for (int m = 1; m <= kUnpoolerMaxM; ++m) {
       if (row_tiles[m - 1] != rows) continue;
       int last = m;
       while (last < kUnpoolerMaxM && row_tiles[last] == rows) ++last;
-      ranges += (ranges.empty() ? "" : ",") + std::to_string(m) + (last > m ? "-" + std::to_string(last) : "");
+      if (ranges.tellp() > 0) ranges << ",";
+      ranges << m;
+      if (last > m) ranges << "-" << last;
       m = last;
     }
-    if (!ranges.empty()) os << " rows" << rows * kUnpoolerTileN << "_at_m=" << ranges;
+    if (ranges.tellp() > 0) os << " rows" << rows * kUnpoolerTileN << "_at_m=" << ranges.str();
   }
   return os.str();
 }

@@ -86,6 +86,14 @@ __global__ void __launch_bounds__(64) bulk_read_kernel(const char* p, int total,
   }
 }
 
+// An attribute of the current device (SM count, shared memory limit).
+int device_attribute(cudaDeviceAttr attr) {
+  int dev = 0, value = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&value, attr, dev));
+  return value;
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
@@ -116,28 +124,24 @@ __device__ uint32_t g_read_sink;
 void enqueue_read(const void* p, size_t bytes, cudaStream_t stream) {
   uint32_t* sink = nullptr;
   CUDA_CHECK(cudaGetSymbolAddress(reinterpret_cast<void**>(&sink), g_read_sink));
-  int sms = 0, dev = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
   read_kernel<<<sms * 4, 512, 0, stream>>>(static_cast<const uint4*>(p), bytes / 16, sink);
   SPARK_CHECK_LAUNCH();
 }
 
 void prepare_bulk_read() {
-  int dev = 0, optin = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  CUDA_CHECK(cudaFuncSetAttribute(bulk_read_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+  CUDA_CHECK(cudaFuncSetAttribute(bulk_read_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)));
 }
 
 void enqueue_bulk_read(const void* p, size_t bytes, int copy, int ctas_per_sm, cudaStream_t stream) {
   uint32_t* sink = nullptr;
   CUDA_CHECK(cudaGetSymbolAddress(reinterpret_cast<void**>(&sink), g_read_sink));
-  int sms = 0, dev = 0, optin = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  const int per_sm = std::min(optin, 227 * 1024) / ctas_per_sm - 16 * kBulkMaxStages - 1024;
+  const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
+  const int optin = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+  // Per CTA: its share of the SM's shared memory, less the barriers and the
+  // 1 KiB the runtime reserves per block.
+  const int per_sm = optin / ctas_per_sm - 16 * kBulkMaxStages - 1024;
   const int stages = std::min(kBulkMaxStages, per_sm / copy);
   SPARK_CHECK(stages >= 2 && copy % 16 == 0, "bulk read: ", stages, " stages of ", copy, " bytes");
   SPARK_CHECK(bytes % copy == 0, "bulk read: ", bytes, " bytes in copies of ", copy);
@@ -152,9 +156,7 @@ void enqueue_bulk_read(const void* p, size_t bytes, int copy, int ctas_per_sm, c
 double measure_hbm_read_TBps(size_t bytes, int repeats) {
   DeviceMemory buf(bytes), sink(4);
   CUDA_CHECK(cudaMemset(buf.get(), 1, bytes));
-  int sms = 0, dev = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
   cudaEvent_t a, b;
   CUDA_CHECK(cudaEventCreate(&a));
   CUDA_CHECK(cudaEventCreate(&b));

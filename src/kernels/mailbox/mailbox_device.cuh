@@ -144,33 +144,35 @@ __device__ __forceinline__ uint4 publish_vec(uint4 v) {
   return v;
 }
 
+// store(copy) for every rank's copy, peers first (their latency overlaps the
+// rest), own copy last. copies[q] is rank q's copy as this device addresses
+// it. Constant indices only: a runtime index into the parameter array would
+// copy it to local memory.
+template <typename Store>
+__device__ __forceinline__ void for_each_copy_peers_first(uint16_t* const (&copies)[mailbox::kMaxRanks], int tp,
+                                                          int rank, Store store) {
+#pragma unroll
+  for (int q = 0; q < mailbox::kMaxRanks; ++q)
+    if (q < tp && q != rank) store(copies[q]);
+#pragma unroll
+  for (int q = 0; q < mailbox::kMaxRanks; ++q)
+    if (q == rank) store(copies[q]);
+}
+
 // Stores an already published vector at element offset `offset` of every
-// rank's copy: peers first (their latency overlaps the rest), own copy last.
-// copies[q] is rank q's copy as this device addresses it.
+// rank's copy.
 __device__ __forceinline__ void store_to_all(uint16_t* const (&copies)[mailbox::kMaxRanks], int tp,
                                              int rank, int64_t offset, uint4 v) {
-  // Constant indices only: a runtime index into the parameter array would
-  // copy it to local memory.
-#pragma unroll
-  for (int q = 0; q < mailbox::kMaxRanks; ++q)
-    if (q < tp && q != rank) ptx::st_volatile_v4(copies[q] + offset, v);
-#pragma unroll
-  for (int q = 0; q < mailbox::kMaxRanks; ++q)
-    if (q == rank) ptx::st_volatile_v4(copies[q] + offset, v);
+  for_each_copy_peers_first(copies, tp, rank, [&](uint16_t* copy) { ptx::st_volatile_v4(copy + offset, v); });
 }
 
 // Two published BF16 lanes (a packed pair, -0.0 as +0.0) at element offset
-// `offset` (even) of every rank's copy, peers first, as one 32-bit word
-// (ordering 3: the pollers load 32-bit elements).
+// `offset` (even) of every rank's copy, as one 32-bit word (ordering 3: the
+// pollers load 32-bit elements).
 __device__ __forceinline__ void store_pair_to_all(uint16_t* const (&copies)[mailbox::kMaxRanks], int tp,
                                                   int rank, int64_t offset, uint32_t pair) {
   const uint32_t v = mailbox::publish_pair(pair);
-#pragma unroll
-  for (int q = 0; q < mailbox::kMaxRanks; ++q)
-    if (q < tp && q != rank) ptx::st_volatile_u32(copies[q] + offset, v);
-#pragma unroll
-  for (int q = 0; q < mailbox::kMaxRanks; ++q)
-    if (q == rank) ptx::st_volatile_u32(copies[q] + offset, v);
+  for_each_copy_peers_first(copies, tp, rank, [&](uint16_t* copy) { ptx::st_volatile_u32(copy + offset, v); });
 }
 
 // ---- consuming -------------------------------------------------------------------

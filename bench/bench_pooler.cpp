@@ -47,10 +47,13 @@ void gemm_sweep(const PoolerBenchOptions& o, Report& report, cudaStream_t stream
     const double floor = floor_us(bytes, report.hbm_read_TBps);
     std::printf("pooler GEMM tp %d: N=%d K=%d, %d cold copies, floor %.2f us\n", tp, n, k, copies, floor);
     std::vector<std::pair<std::string, std::optional<PoolerGemmChoice>>> engines = {{"table", std::nullopt}};
-    PoolerGemmChoice mma;
-    mma.engine = PoolerGemmEngine::mma;
-    engines.push_back({mma.to_string(), mma});
-    for (const auto& s : pooler_gemm_shapes()) engines.push_back({s.to_string(), PoolerGemmChoice{PoolerGemmEngine::skinny, s}});
+    for (const auto& c : pooler_gemm_candidates()) engines.push_back({c.to_string(), c});
+    std::erase_if(engines, [&](const auto& e) {
+      if (o.engines.empty()) return false;
+      for (const auto& prefix : o.engines)
+        if (e.first.rfind(prefix, 0) == 0) return false;
+      return true;
+    });
     for (int b : o.bs) {
       CublasGemm blas(b, n, k);
       const double blas_us = blas.pick_fastest(ptrs, x.get(), out.get(), o.repeats, stream);

@@ -13,6 +13,9 @@ struct PoolerBenchOptions {
   std::vector<int> bs{1, 4, 8, 16};
   int repeats = 20;
   bool gemm_only = false;  // `tune pooler`: the GEMM sweep alone
+  // The GEMM sweep's engines by name prefix ("table", "mma", "skinny",
+  // "stream"); empty: all.
+  std::vector<std::string> engines;
   std::string out_dir;
   // Non-empty: also record one replay of the Pooler.run graph and of the
   // three-kernel graph at the first b with spark_decode/trace.h (a library
@@ -21,8 +24,8 @@ struct PoolerBenchOptions {
   std::string trace;
 };
 
-// op "pooler_gemm": every compiled skinny shape, the MMA engine and the
-// table's choice against the fastest cuBLASLt algorithm, per tp and b (one
+// op "pooler_gemm": every engine at every shape it offers
+// (pooler_gemm_candidates) and the table's choice against the fastest cuBLASLt algorithm, per tp and b (one
 // GPU; this is also the sweep to choose the table from); op "pooler":
 // Pooler.run over the 60 NVFP4 layers against cuBLAS + ncclAllGather +
 // ExpertNorm + nvfp4_quantize, graph captured, per tp and b. Returns the

@@ -2,6 +2,8 @@
 // and are tested on machines without a GPU).
 #include <sstream>
 
+#include "kernels/pooler/stream_config.h"
+#include "kernels/unpooler/unpooler_config.h"
 #include "spark_decode/error.h"
 #include "spark_decode/model_shape.h"
 #include "spark_decode/pooler_gemm.h"
@@ -15,12 +17,26 @@ std::string PoolerGemmShape::to_string() const {
   return os.str();
 }
 
+std::string PoolerStreamShape::to_string() const {
+  std::ostringstream os;
+  os << "stream(rows_per_cta=" << rows_per_cta << ", splits=" << splits << ")";
+  return os.str();
+}
+
 const char* engine_name(PoolerGemmEngine engine) {
-  return engine == PoolerGemmEngine::skinny ? "skinny" : "mma";
+  switch (engine) {
+    case PoolerGemmEngine::skinny: return "skinny";
+    case PoolerGemmEngine::mma: return "mma";
+    default: return "stream";
+  }
 }
 
 std::string PoolerGemmChoice::to_string() const {
-  return engine == PoolerGemmEngine::skinny ? shape.to_string() : std::string("mma(Unpooler engine)");
+  switch (engine) {
+    case PoolerGemmEngine::skinny: return shape.to_string();
+    case PoolerGemmEngine::mma: return "mma(Unpooler engine)";
+    default: return stream_shape.to_string();
+  }
 }
 
 const std::vector<PoolerGemmShape>& pooler_gemm_shapes() {
@@ -60,6 +76,63 @@ std::optional<std::string> pooler_gemm_unsupported(int n, int k, int m, const Po
   return std::nullopt;
 }
 
+const std::vector<PoolerStreamShape>& pooler_stream_shapes() {
+  // One CTA per SM: each gives the model's shapes 128 CTAs (an H200 has 132
+  // SMs) somewhere: rows_per_cta x splits 128 x 4 or 64 x 2 at tp 1
+  // (N = 4096), 64 x 4 or 128 x 8 at tp 2, 64 x 8 at tp 4.
+  static const std::vector<PoolerStreamShape> shapes = {{128, 4}, {64, 2}, {64, 4}, {128, 8}, {64, 8}};
+  return shapes;
+}
+
+std::optional<std::string> pooler_stream_unsupported(int n, int k, int m, const PoolerStreamShape& s) {
+  const std::string name = s.to_string();
+  if (s.rows_per_cta != 64 && s.rows_per_cta != 128)
+    return detail::concat("pooler GEMM: ", name, ": rows_per_cta must be 64 or 128");
+  if (s.splits != 2 && s.splits != 4 && s.splits != 8)
+    return detail::concat("pooler GEMM: ", name, ": splits must be 2, 4 or 8 (a cluster over K)");
+  if (m < 1 || m > kPoolerMaxBatch)
+    return detail::concat("pooler GEMM: m = ", m, " outside [1, ", kPoolerMaxBatch, "]");
+  if (n <= 0 || n % s.rows_per_cta)
+    return detail::concat("pooler GEMM: N = ", n, " is not a positive multiple of rows_per_cta ", s.rows_per_cta);
+  const int step = s.splits * kernels::stream_stage_k(s.rows_per_cta);
+  if (k <= 0 || k % step)
+    return detail::concat("pooler GEMM: K = ", k, " is not a positive multiple of splits * stage columns = ", step,
+                          " (", name, ")");
+  if (n / s.rows_per_cta > 65535) return detail::concat("pooler GEMM: N = ", n, " too large for ", name);
+  const int tile = m <= 8 ? 8 : 16;
+  if (kernels::stream_stages(s.rows_per_cta, s.splits, tile, k, kernels::kMaxSmemPerBlock) < kernels::kStreamMinStages)
+    return detail::concat("pooler GEMM: ", name, ": x [", tile, ", ", k / s.splits, "] leaves no room for ",
+                          kernels::kStreamMinStages, " weight stages in shared memory");
+  return std::nullopt;
+}
+
+std::optional<std::string> pooler_choice_unsupported(int n, int k, int m, const PoolerGemmChoice& c) {
+  switch (c.engine) {
+    case PoolerGemmEngine::skinny: return pooler_gemm_unsupported(n, k, m, c.shape);
+    case PoolerGemmEngine::stream: return pooler_stream_unsupported(n, k, m, c.stream_shape);
+    default: return std::nullopt;
+  }
+}
+
+std::vector<PoolerGemmChoice> pooler_gemm_candidates() {
+  std::vector<PoolerGemmChoice> out;
+  PoolerGemmChoice c;
+  c.engine = PoolerGemmEngine::mma;
+  out.push_back(c);
+  c.engine = PoolerGemmEngine::skinny;
+  for (const auto& s : pooler_gemm_shapes()) {
+    c.shape = s;
+    out.push_back(c);
+  }
+  c = PoolerGemmChoice{};
+  c.engine = PoolerGemmEngine::stream;
+  for (const auto& s : pooler_stream_shapes()) {
+    c.stream_shape = s;
+    out.push_back(c);
+  }
+  return out;
+}
+
 namespace {
 
 PoolerGemmChoice skinny(int block_size, int opb, int k_unroll) {
@@ -97,7 +170,7 @@ PoolerGemmChoice table_entry(int tp, int b) {
 PoolerGemmChoice pooler_gemm_choice(int n, int k, int tp, int b) {
   if (k == kMuseSpark.hidden && tp >= 1 && n * tp == kMuseSpark.pooled) {
     PoolerGemmChoice c = table_entry(tp, b);
-    if (c.engine == PoolerGemmEngine::mma || !pooler_gemm_unsupported(n, k, b, c.shape)) return c;
+    if (!pooler_choice_unsupported(n, k, b, c)) return c;
   }
   for (const auto& s : pooler_gemm_shapes())
     if (!pooler_gemm_unsupported(n, k, b, s)) return skinny(s.block_size, s.outputs_per_block, s.k_unroll);

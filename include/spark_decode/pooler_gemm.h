@@ -3,13 +3,17 @@
 //   out[m, N] = x[m, K] @ W[N, K]^T      BF16 in and out, FP32 accumulation
 //
 // W this rank's [P / tp, H] rows of the pooler weight (N = P / tp, K = H),
-// 1 <= m <= 16. Two engines, chosen per (tp, b) by a tactic table:
+// 1 <= m <= 16. Three engines, chosen per (tp, b) by a tactic table:
 //   skinny  our skinny GEMM (src/kernels/pooler/skinny_gemm.cuh) at a launch
 //           shape (block_size, outputs_per_block, k_unroll) (the seed's);
 //   mma     the Unpooler's split-K tensor-core engine (spark_decode::Unpooler
-//           used as a GEMM over this weight).
-// Both are bitwise reproducible and batch invariant for a fixed engine and
-// shape (SPEC §5); the two engines sum in different orders, so their results
+//           used as a GEMM over this weight);
+//   stream  tensor cores fed by the copy engine through a ring of shared-
+//           memory stages, one CTA per SM, clusters over K
+//           (src/kernels/pooler/stream_gemm.cuh) at a shape (rows_per_cta,
+//           splits).
+// Each is bitwise reproducible and batch invariant for a fixed engine and
+// shape (SPEC §5); the engines sum in different orders, so their results
 // differ in the last bits, and a row's result depends on which engine the
 // table picks for the batch size it runs at. The Pooler uses one engine per
 // b (see Pooler).
@@ -19,12 +23,15 @@
 //        capability 9.0+ (RuntimeError below); N % outputs_per_block == 0
 //        and K % (8 block_size k_unroll) == 0 for a skinny shape; the
 //        Unpooler's own conditions for mma (Unpooler::unsupported);
+//        pooler_stream_unsupported for a stream shape;
 //   x    BF16 [m, K] contiguous 16-byte aligned on W's device;
 //   out  BF16 [m, N] contiguous 16-byte aligned on W's device, not
 //        overlapping x; m one of the batches prepared at construction.
 // W is read before griddepcontrol.wait (programmatic dependent launch), x
-// after. run() may not allocate, synchronise or prepare a kernel; it is
-// CUDA-graph capturable (one kernel).
+// after (the stream engine's copy engine reads W before it too). run() may
+// not allocate, synchronise or prepare a kernel; it is CUDA-graph capturable
+// (one kernel). Construction prepares every kernel, and for the stream
+// engine encodes W's tensor map (W must not move while the PoolerGemm lives).
 //
 // Fused publish (Options::mailbox; what Pooler::run uses): run_publish()
 // also writes out into this rank's slot of every rank's copy of the mailbox
@@ -61,12 +68,22 @@ struct PoolerGemmShape {
   bool operator==(const PoolerGemmShape&) const = default;
 };
 
-enum class PoolerGemmEngine { skinny, mma };
+// Launch shape of the stream engine: grid (N / rows_per_cta, splits), a
+// cluster of `splits` CTAs over K per rows_per_cta weight rows.
+struct PoolerStreamShape {
+  int rows_per_cta = 128;  // 64 or 128 (one compute warp per 16 rows)
+  int splits = 4;          // 2, 4 or 8
+  std::string to_string() const;
+  bool operator==(const PoolerStreamShape&) const = default;
+};
+
+enum class PoolerGemmEngine { skinny, mma, stream };
 const char* engine_name(PoolerGemmEngine engine);
 
 struct PoolerGemmChoice {
   PoolerGemmEngine engine = PoolerGemmEngine::skinny;
-  PoolerGemmShape shape;  // for skinny
+  PoolerGemmShape shape;          // for skinny
+  PoolerStreamShape stream_shape;  // for stream
   std::string to_string() const;
 };
 
@@ -74,6 +91,17 @@ struct PoolerGemmChoice {
 const std::vector<PoolerGemmShape>& pooler_gemm_shapes();
 // Why the skinny GEMM cannot run [n, k] at `shape` for m rows, or nullopt.
 std::optional<std::string> pooler_gemm_unsupported(int n, int k, int m, const PoolerGemmShape& shape);
+// The stream shapes offered (each with kernels for 8- and 16-token tiles).
+const std::vector<PoolerStreamShape>& pooler_stream_shapes();
+// Why the stream engine cannot run [n, k] at `shape` for m rows (shape, or
+// shared memory of an sm_90 / sm_100 CTA), or nullopt.
+std::optional<std::string> pooler_stream_unsupported(int n, int k, int m, const PoolerStreamShape& shape);
+// Every engine at every shape it offers, mma first (for tests, benchmarks
+// and tuning: what `Options::force` can name).
+std::vector<PoolerGemmChoice> pooler_gemm_candidates();
+// Why `choice` cannot serve [n, k] at m rows, or nullopt (mma: nullopt;
+// the Unpooler checks its own at construction).
+std::optional<std::string> pooler_choice_unsupported(int n, int k, int m, const PoolerGemmChoice& choice);
 
 // The tactic table: for the model's shapes (N = P / tp, K = H) the entry of
 // (tp, b); for other shapes the first compiled skinny shape that supports
@@ -125,6 +153,13 @@ class PoolerGemm {
   std::unique_ptr<Unpooler> mma_;
   LamportMailbox* mailbox_ = nullptr;
   std::unique_ptr<Unpooler> mma_publish_;  // the MMA engine publishing into mailbox_
+  // The stream engine's tensor maps of W (CUtensorMap, opaque here), by
+  // rows_per_cta 64 and 128, and its ring depth by m - 1.
+  struct alignas(64) TensorMapBlob {
+    unsigned char bytes[128];
+  };
+  TensorMapBlob stream_maps_[2] = {};
+  std::vector<int> stream_stages_;
 
   void launch(const void* x, void* out, int m, cudaStream_t stream, bool publish) const;
 };

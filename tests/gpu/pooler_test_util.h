@@ -17,6 +17,7 @@
 #include "gpu_test_util.h"
 #include "spark_decode/bf16.h"
 #include "spark_decode/error.h"
+#include "spark_decode/pooler_gemm.h"
 #include "spark_decode/reference.h"
 
 namespace spark_decode::testing::pooler_tests {
@@ -177,6 +178,23 @@ inline uint64_t fresh_seed(const char* what) {
   const uint64_t seed = rng()();
   std::printf("[%s] data seed %llu\n", what, static_cast<unsigned long long>(seed));
   return seed;
+}
+
+// The batches of `candidates` that `engine` (nullopt: the table) can serve
+// at [n, k] (a stream shape's ring may not fit beside 16 rows of x).
+inline std::vector<int> servable(const std::optional<PoolerGemmChoice>& engine, int n, int k,
+                                 const std::vector<int>& candidates) {
+  std::vector<int> out;
+  for (int b : candidates)
+    if (!engine || !pooler_choice_unsupported(n, k, b, *engine)) out.push_back(b);
+  return out;
+}
+
+// The table, then every engine and shape (what PoolerGemm::Options::force takes).
+inline std::vector<std::optional<PoolerGemmChoice>> table_and_candidates() {
+  std::vector<std::optional<PoolerGemmChoice>> out = {std::nullopt};
+  for (const auto& c : pooler_gemm_candidates()) out.push_back(c);
+  return out;
 }
 
 }  // namespace spark_decode::testing::pooler_tests

@@ -213,10 +213,7 @@ void gemm_publish_equals_run_plus_publish(sd::Group& group, int device, uint64_t
   GuardedBuffer out_a(size_t(M) * n * 2), out_b(size_t(M) * n * 2);
   GuardedBuffer rows_a(size_t(M) * n * tp * 2), rows_b(size_t(M) * n * tp * 2);
   const auto weight = sd::TensorRef::contiguous(dw.get(), sd::DType::bf16, {n, k}, device);
-  sd::PoolerGemmChoice mma;
-  mma.engine = sd::PoolerGemmEngine::mma;
-  std::vector<std::optional<sd::PoolerGemmChoice>> engines = {std::nullopt, mma};
-  for (const auto& sh : sd::pooler_gemm_shapes()) engines.push_back(sd::PoolerGemmChoice{sd::PoolerGemmEngine::skinny, sh});
+  const auto engines = table_and_candidates();
   std::vector<int> order;
   for (int b = 1; b <= M; ++b) order.push_back(b);
   std::shuffle(order.begin(), order.end(), std::mt19937_64(seed));
@@ -242,9 +239,10 @@ void gemm_publish_equals_run_plus_publish(sd::Group& group, int device, uint64_t
     sd::LamportMailbox a(group, tp, rank, M, n, device), b(group, tp, rank, M, n, device);
     sd::PoolerGemm::Options fo, po;
     fo.force = po.force = engine;
+    fo.batches = po.batches = servable(engine, n, k, order);
     fo.mailbox = &a;
     sd::PoolerGemm fused(weight, tp, fo), plain(weight, tp, po);
-    for (int m : order) {
+    for (int m : fo.batches) {
       poison_bf16(out_a);
       poison_bf16(out_b);
       fused.run_publish(dx.get(), out_a.get(), m, stream);

@@ -182,12 +182,15 @@ TEST(PoolerExpertNorm, RefusesBadArguments) {
 
 namespace {
 
-// Runs the skinny GEMM at `shape` for every m in 1..16 on [n, k]: accuracy
-// against FP64, every element of rows < m written and rows >= m untouched,
-// guards intact, a second run bit-identical, and every row equal to the same
-// row computed alone (m = 1) and in the full batch (m = 16).
-void skinny_shape_checks(const sd::PoolerGemmShape& shape, int n, int k, uint64_t seed) {
+// Runs a GEMM (`run(x, out, m, pdl)`) for every m in 1..16 that `ms` lists
+// on [n, k]: accuracy against FP64, every element of rows < m written and
+// rows >= m untouched, guards intact, PDL on bit-identical to PDL off (and
+// so a second run to the first), and every row equal to the same row
+// computed alone (m = 1) and in every larger batch.
+template <typename Run>
+void gemm_checks(const std::string& what, const std::vector<int>& ms, int n, int k, uint64_t seed, Run run) {
   const int M = sd::kPoolerMaxBatch;
+  POOLER_REQUIRE(!ms.empty() && ms.front() == 1, what, " serves no batch at n ", n, " k ", k);
   const auto w = normal_bf16(size_t(n) * k, seed, 0.05f);
   const auto x = normal_bf16(size_t(M) * k, seed + 1);
   DeviceBuffer dw(w.size() * 2), dx(x.size() * 2);
@@ -195,39 +198,46 @@ void skinny_shape_checks(const sd::PoolerGemmShape& shape, int n, int k, uint64_
   dx.upload(x.data(), x.size() * 2);
   GuardedBuffer out(size_t(M) * n * 2), again(size_t(M) * n * 2), alone(size_t(n) * 2);
   std::vector<std::vector<uint16_t>> results(M + 1);
-  for (int m = 1; m <= M; ++m) {
+  for (int m : ms) {
     poison_bf16(out);
     poison_bf16(again);
-    sd::skinny_gemm(shape, dw.get(), dx.get(), out.get(), n, k, m, nullptr, m % 2 == 0);
-    sd::skinny_gemm(shape, dw.get(), dx.get(), again.get(), n, k, m, nullptr, true);
+    run(dw.get(), dx.get(), out.get(), m, false);
+    run(dw.get(), dx.get(), again.get(), m, true);
     CUDA_CHECK(cudaDeviceSynchronize());
-    POOLER_REQUIRE(out.check_guards().empty() && again.check_guards().empty(), shape.to_string(), " m ", m,
-                   ": guards ", out.check_guards(), again.check_guards());
+    POOLER_REQUIRE(out.check_guards().empty() && again.check_guards().empty(), what, " m ", m, ": guards ",
+                   out.check_guards(), again.check_guards());
     std::vector<uint16_t> o(size_t(M) * n), a(size_t(M) * n);
     out.download(o.data(), o.size() * 2);
     again.download(a.data(), a.size() * 2);
     for (size_t i = 0; i < o.size(); ++i) {
       const bool live = i < size_t(m) * n;
-      POOLER_REQUIRE(live ? o[i] != kPoisonBf16 : o[i] == kPoisonBf16, shape.to_string(), " m ", m, " element ", i,
+      POOLER_REQUIRE(live ? o[i] != kPoisonBf16 : o[i] == kPoisonBf16, what, " m ", m, " element ", i,
                      live ? " not written" : " written past m rows");
-      POOLER_REQUIRE(o[i] == a[i], shape.to_string(), " m ", m, " element ", i, " differs between two runs");
+      POOLER_REQUIRE(o[i] == a[i], what, " m ", m, " element ", i, " differs between PDL off and on");
     }
     o.resize(size_t(m) * n);
     const std::string bad = check_gemm(o, x.data(), w.data(), m, n, k);
-    POOLER_REQUIRE(bad.empty(), shape.to_string(), " n ", n, " k ", k, " m ", m, ": ", bad);
+    POOLER_REQUIRE(bad.empty(), what, " n ", n, " k ", k, " m ", m, ": ", bad);
     results[m] = o;
   }
-  for (int r = 0; r < M; ++r) {
+  for (int r = 0; r < ms.back(); ++r) {
     poison_bf16(alone);
-    sd::skinny_gemm(shape, dw.get(), dx.as<uint16_t>() + size_t(r) * k, alone.get(), n, k, 1, nullptr, true);
+    run(dw.get(), dx.as<uint16_t>() + size_t(r) * k, alone.get(), 1, true);
     CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<uint16_t> one(n);
     alone.download(one.data(), n * 2);
-    for (int m = r + 1; m <= M; ++m)
-      for (int j = 0; j < n; ++j)
-        POOLER_REQUIRE(results[m][size_t(r) * n + j] == one[j], shape.to_string(), ": row ", r, " col ", j,
-                       " in a batch of ", m, " differs from the row alone (batch invariance)");
+    for (int m : ms)
+      if (m > r)
+        for (int j = 0; j < n; ++j)
+          POOLER_REQUIRE(results[m][size_t(r) * n + j] == one[j], what, ": row ", r, " col ", j, " in a batch of ", m,
+                         " differs from the row alone (batch invariance)");
   }
+}
+
+std::vector<int> all_batches() {
+  std::vector<int> ms;
+  for (int m = 1; m <= sd::kPoolerMaxBatch; ++m) ms.push_back(m);
+  return ms;
 }
 
 }  // namespace
@@ -240,7 +250,10 @@ TEST(PoolerGemm, EverySkinnyShapeIsAccurateReproducibleAndBatchInvariant) {
     // a small N (cheap reference) that leaves few CTAs.
     for (int k : {sd::kMuseSpark.hidden, 2 * sd::kMuseSpark.hidden}) {
       try {
-        skinny_shape_checks(shape, 64, k, seed + k);
+        gemm_checks(shape.to_string(), all_batches(), 64, k, seed + k,
+                    [&](const void* w, const void* x, void* out, int m, bool pdl) {
+                      sd::skinny_gemm(shape, w, x, out, 64, k, m, nullptr, pdl);
+                    });
       } catch (const std::exception& e) {
         ADD_FAILURE() << e.what();
       }
@@ -248,7 +261,40 @@ TEST(PoolerGemm, EverySkinnyShapeIsAccurateReproducibleAndBatchInvariant) {
   }
 }
 
-TEST(PoolerGemm, TableAndBothEnginesAtTheModelShape) {
+TEST(PoolerGemm, EveryStreamShapeIsAccurateReproducibleAndBatchInvariant) {
+  SKIP_WITHOUT_GPU(1);
+  const uint64_t seed = fresh_seed("stream gemm");
+  for (const auto& shape : sd::pooler_stream_shapes()) {
+    sd::PoolerGemmChoice c;
+    c.engine = sd::PoolerGemmEngine::stream;
+    c.stream_shape = shape;
+    // Two row blocks; K = H and 2 H: 8 to 32 stages per CTA, so the ring
+    // (2 to 8 slots) wraps and every slot is refilled after its release.
+    const int n = 2 * shape.rows_per_cta;
+    for (int k : {sd::kMuseSpark.hidden, 2 * sd::kMuseSpark.hidden}) {
+      try {
+        const std::vector<int> ms = servable(c, n, k, all_batches());
+        std::optional<sd::PoolerGemm> on, off;  // one per weight pointer the checks pass
+        gemm_checks(c.to_string() + " k " + std::to_string(k), ms, n, k, seed + k,
+                    [&](const void* w, const void* x, void* out, int m, bool pdl) {
+                      auto& g = pdl ? on : off;
+                      if (!g) {
+                        sd::PoolerGemm::Options o;
+                        o.force = c;
+                        o.batches = ms;
+                        o.enable_pdl = pdl;
+                        g.emplace(sd::TensorRef::contiguous(w, sd::DType::bf16, {n, k}, 0), 1, o);
+                      }
+                      g->run(x, out, m, nullptr);
+                    });
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << e.what();
+      }
+    }
+  }
+}
+
+TEST(PoolerGemm, TableAndEveryEngineAtTheModelShape) {
   SKIP_WITHOUT_GPU(1);
   const uint64_t seed = fresh_seed("pooler gemm model shape");
   const int tp = 2, n = sd::kMuseSpark.pooled / tp, k = sd::kMuseSpark.hidden, M = sd::kPoolerMaxBatch;
@@ -259,13 +305,9 @@ TEST(PoolerGemm, TableAndBothEnginesAtTheModelShape) {
   dx.upload(x.data(), x.size() * 2);
   GuardedBuffer out(size_t(M) * n * 2);
   const auto weight = sd::TensorRef::contiguous(dw.get(), sd::DType::bf16, {n, k}, 0);
-  sd::PoolerGemmChoice mma;
-  mma.engine = sd::PoolerGemmEngine::mma;
-  std::vector<std::optional<sd::PoolerGemmChoice>> forced = {std::nullopt, mma};
-  for (const auto& s : sd::pooler_gemm_shapes()) forced.push_back(sd::PoolerGemmChoice{sd::PoolerGemmEngine::skinny, s});
-  for (const auto& f : forced) {
+  for (const auto& f : table_and_candidates()) {
     sd::PoolerGemm::Options o;
-    o.batches = {1, 3, 8, 16};
+    o.batches = servable(f, n, k, {1, 3, 8, 16});
     o.force = f;
     sd::PoolerGemm gemm(weight, tp, o);
     for (int m : o.batches) {

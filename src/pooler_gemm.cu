@@ -1,10 +1,7 @@
 // The pooler GEMM: kernel selection, validation and launch of the skinny
 // GEMM and of the stream engine, and the engine choice per batch (skinny,
 // the Unpooler's MMA engine, or stream).
-#include <cudaTypedefs.h>
-
 #include <algorithm>
-#include <cstring>
 
 #include "cuda_utils.h"
 #include "kernels/common/launch.cuh"
@@ -51,77 +48,70 @@ using StreamFn = void (*)(kernels::StreamGemmArgs);
 
 int stream_tile(int m) { return m <= 8 ? 8 : 16; }
 
-StreamFn stream_kernel(int rows, int m) {
+StreamFn stream_kernel(int k_slice, int m) {
   const bool wide = stream_tile(m) == 16;
-  if (rows == 64) return wide ? kernels::stream_gemm_kernel<64, 16> : kernels::stream_gemm_kernel<64, 8>;
-  return wide ? kernels::stream_gemm_kernel<128, 16> : kernels::stream_gemm_kernel<128, 8>;
+  if (kernels::stream_group_rows(k_slice) == 8)
+    return wide ? kernels::stream_gemm_kernel<8, 16> : kernels::stream_gemm_kernel<8, 8>;
+  return wide ? kernels::stream_gemm_kernel<16, 16> : kernels::stream_gemm_kernel<16, 8>;
 }
 
-// W [n, k] as a 2-D tensor map of [rows][64] BF16 boxes, 128-byte swizzle
-// (what the kernel's operand reads assume). The driver's encoder through the
-// runtime's entry point: the library links the CUDA runtime only.
-static_assert(sizeof(CUtensorMap) == 128, "PoolerGemm::TensorMapBlob holds a CUtensorMap");
-void encode_weight_map(void* map, const void* w, int n, int k, int rows) {
-  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
-    SPARK_CHECK_RUNTIME(found == cudaDriverEntryPointSuccess && fn != nullptr,
-                        "pooler GEMM: the driver has no cuTensorMapEncodeTiled (the stream engine needs CUDA 12+)");
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(n)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k) * 2};
-  const cuuint32_t box[2] = {kernels::kStreamBoxK, static_cast<cuuint32_t>(rows)};
-  const cuuint32_t steps[2] = {1, 1};
-  const CUresult r = encode(static_cast<CUtensorMap*>(map), CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(w),
-                            dims, strides, box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  SPARK_CHECK_RUNTIME(r == CUDA_SUCCESS, "pooler GEMM: cuTensorMapEncodeTiled failed (CUresult ", static_cast<int>(r),
-                      ") for W [", n, ", ", k, "] boxes of [", rows, "][", kernels::kStreamBoxK, "]");
-}
-
-kernels::LaunchShape stream_launch_shape(const PoolerStreamShape& s, int n, int k, int m, int stages, bool pdl) {
+kernels::LaunchShape stream_launch_shape(const PoolerStreamShape& s, int k, int m, int clusters, int owned_max,
+                                         int stages, bool pdl) {
   kernels::LaunchShape shape;
-  shape.grid = dim3(n / s.rows_per_cta, s.splits);
-  shape.block = dim3(kernels::stream_threads(s.rows_per_cta));
-  shape.smem_bytes = kernels::stream_smem_bytes(s.rows_per_cta, s.splits, stream_tile(m), k, stages);
+  shape.grid = dim3(clusters, s.splits);
+  shape.block = dim3((s.warps + 1) * 32);
+  shape.smem_bytes = kernels::stream_smem_bytes(k / s.splits, s.splits, owned_max, stream_tile(m), stages);
   shape.cluster_y = s.splits;
   shape.enable_pdl = pdl;
   return shape;
 }
 
-// can_implement for one batch: the deepest ring this device's shared memory
-// takes, the kernel's attribute set, and at least one cluster resident.
-int prepare_stream(const PoolerStreamShape& s, int n, int k, int m, int device) {
+}  // namespace
+
+// can_implement for one batch, and its launch: as many clusters as the GPU
+// holds at once (one CTA per SM; a second wave would double the time), the
+// row groups spread evenly over them, the deepest ring that fits beside x.
+PoolerGemm::StreamLaunch PoolerGemm::prepare_stream(const PoolerStreamShape& s, int m) const {
+  const int k_slice = k_ / s.splits, groups = n_ / kernels::stream_group_rows(k_slice);
   int optin = 0;
-  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  const int stages =
-      kernels::stream_stages(s.rows_per_cta, s.splits, stream_tile(m), k, std::min(optin, kernels::kMaxSmemPerBlock));
-  SPARK_CHECK_RUNTIME(stages >= kernels::kStreamMinStages, "pooler GEMM: ", s.to_string(), " at m = ", m, " fits ",
-                      stages, " weight stages in cuda:", device, "'s shared memory");
-  const StreamFn fn = stream_kernel(s.rows_per_cta, m);
-  CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  std::min(optin, kernels::kMaxSmemPerBlock)));
-  SPARK_CHECK_RUNTIME(kernels::max_active_clusters(fn, stream_launch_shape(s, n, k, m, stages, false)) > 0,
-                      "pooler GEMM: ", s.to_string(), " at m = ", m, ": no cluster of ", s.splits,
-                      " CTAs fits on cuda:", device);
-  return stages;
+  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
+  const int limit = std::min(optin, kernels::kMaxSmemPerBlock);
+  const StreamFn fn = stream_kernel(k_slice, m);
+  CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, limit));
+  kernels::LaunchShape probe = stream_launch_shape(s, k_, m, 1, 1, kernels::kStreamMinStages, false);
+  probe.smem_bytes = limit;  // every launch fills the shared memory: one CTA per SM
+  const int resident = kernels::max_active_clusters(fn, probe);
+  SPARK_CHECK_RUNTIME(resident > 0, "pooler GEMM: ", s.to_string(), ": no cluster of ", s.splits,
+                      " CTAs fits on cuda:", device_);
+  StreamLaunch l;
+  l.per = (groups + std::min(resident, groups) - 1) / std::min(resident, groups);
+  l.clusters = (groups + l.per - 1) / l.per;
+  l.owned_max = (l.per + s.splits - 1) / s.splits;
+  l.stages = kernels::stream_stages(k_slice, s.splits, l.owned_max, stream_tile(m), limit);
+  SPARK_CHECK_RUNTIME(l.stages >= kernels::kStreamMinStages, "pooler GEMM: ", s.to_string(), " at m = ", m, " fits ",
+                      l.stages, " weight stages in cuda:", device_, "'s shared memory");
+  return l;
 }
 
-void launch_stream(const PoolerStreamShape& s, const void* map, int stages, const void* x, void* out, int n, int k,
-                   int m, cudaStream_t stream, bool enable_pdl, const LamportMailbox* publish_into) {
+namespace {
+
+template <typename Launch>  // PoolerGemm::StreamLaunch
+void launch_stream(const PoolerStreamShape& s, const Launch& l, const void* w, const void* x,
+                   void* out, int n, int k, int m, cudaStream_t stream, bool enable_pdl,
+                   const LamportMailbox* publish_into) {
   kernels::StreamGemmArgs args{};
-  std::memcpy(&args.w_map, map, sizeof(args.w_map));
+  args.w = static_cast<const __nv_bfloat16*>(w);
   args.x = static_cast<const __nv_bfloat16*>(x);
   args.out = static_cast<__nv_bfloat16*>(out);
   args.n = n;
   args.k = k;
   args.m = m;
-  args.stages = stages;
+  args.stages = l.stages;
+  args.per = l.per;
+  args.owned_max = l.owned_max;
   if (publish_into) args.publish = publish_target(*publish_into);
-  kernels::launch(stream_kernel(s.rows_per_cta, m), stream_launch_shape(s, n, k, m, stages, enable_pdl), stream,
-                  args);
+  kernels::launch(stream_kernel(k / s.splits, m),
+                  stream_launch_shape(s, k, m, l.clusters, l.owned_max, l.stages, enable_pdl), stream, args);
 }
 
 bool aligned16(const void* p) { return p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -201,20 +191,16 @@ PoolerGemm::PoolerGemm(const TensorRef& weight, int tp, Options options)
       mma_publish_ = std::make_unique<Unpooler>(weight, uo);
     }
   }
-  // Load the skinny kernels now: never lazily under capture. The stream
-  // engine: its kernels' attributes, ring depths and W's tensor maps.
-  stream_stages_.assign(kPoolerMaxBatch, 0);
-  bool mapped[2] = {false, false};
+  // Load the skinny kernels now: never lazily under capture; the stream
+  // engine's attributes and launches too.
+  stream_launch_.assign(kPoolerMaxBatch, {});
   for (int b : batches) {
     const PoolerGemmChoice& c = *choice_[b - 1];
     if (c.engine == PoolerGemmEngine::skinny) {
       cudaFuncAttributes attrs;
       CUDA_CHECK(cudaFuncGetAttributes(&attrs, skinny_kernel(c.shape, b)));
     } else if (c.engine == PoolerGemmEngine::stream) {
-      stream_stages_[b - 1] = prepare_stream(c.stream_shape, n_, k_, b, device_);
-      const int which = c.stream_shape.rows_per_cta == 128;
-      if (!mapped[which]) encode_weight_map(stream_maps_[which].bytes, weight_, n_, k_, c.stream_shape.rows_per_cta);
-      mapped[which] = true;
+      stream_launch_[b - 1] = prepare_stream(c.stream_shape, b);
     }
   }
 }
@@ -236,8 +222,8 @@ void PoolerGemm::launch(const void* x, void* out, int m, cudaStream_t stream, bo
   if (c.engine == PoolerGemmEngine::mma)
     (publish ? mma_publish_ : mma_)->run(x, out, m, stream);
   else if (c.engine == PoolerGemmEngine::stream)
-    launch_stream(c.stream_shape, stream_maps_[c.stream_shape.rows_per_cta == 128].bytes, stream_stages_[m - 1], x, out,
-                  n_, k_, m, stream, enable_pdl_, publish ? mailbox_ : nullptr);
+    launch_stream(c.stream_shape, stream_launch_[m - 1], weight_, x, out, n_, k_, m, stream, enable_pdl_,
+                  publish ? mailbox_ : nullptr);
   else
     launch_skinny(c.shape, weight_, x, out, n_, k_, m, stream, enable_pdl_, publish ? mailbox_ : nullptr);
 }

@@ -19,7 +19,7 @@ std::string PoolerGemmShape::to_string() const {
 
 std::string PoolerStreamShape::to_string() const {
   std::ostringstream os;
-  os << "stream(rows_per_cta=" << rows_per_cta << ", splits=" << splits << ")";
+  os << "stream(splits=" << splits << ", warps=" << warps << ")";
   return os.str();
 }
 
@@ -77,30 +77,28 @@ std::optional<std::string> pooler_gemm_unsupported(int n, int k, int m, const Po
 }
 
 const std::vector<PoolerStreamShape>& pooler_stream_shapes() {
-  // One CTA per SM: each gives the model's shapes 128 CTAs (an H200 has 132
-  // SMs) somewhere: rows_per_cta x splits 128 x 4 or 64 x 2 at tp 1
-  // (N = 4096), 64 x 4 or 128 x 8 at tp 2, 64 x 8 at tp 4.
-  static const std::vector<PoolerStreamShape> shapes = {{128, 4}, {64, 2}, {64, 4}, {128, 8}, {64, 8}};
+  // At K = H = 8192: splits 4 (8-row stages, 4 KiB copies) or 8 (16-row
+  // stages, 2 KiB copies).
+  static const std::vector<PoolerStreamShape> shapes = {{4, 4}, {4, 8}, {8, 4}};
   return shapes;
 }
 
 std::optional<std::string> pooler_stream_unsupported(int n, int k, int m, const PoolerStreamShape& s) {
   const std::string name = s.to_string();
-  if (s.rows_per_cta != 64 && s.rows_per_cta != 128)
-    return detail::concat("pooler GEMM: ", name, ": rows_per_cta must be 64 or 128");
   if (s.splits != 2 && s.splits != 4 && s.splits != 8)
     return detail::concat("pooler GEMM: ", name, ": splits must be 2, 4 or 8 (a cluster over K)");
+  if (s.warps != 2 && s.warps != 4 && s.warps != 8)
+    return detail::concat("pooler GEMM: ", name, ": warps must be 2, 4 or 8");
   if (m < 1 || m > kPoolerMaxBatch)
     return detail::concat("pooler GEMM: m = ", m, " outside [1, ", kPoolerMaxBatch, "]");
-  if (n <= 0 || n % s.rows_per_cta)
-    return detail::concat("pooler GEMM: N = ", n, " is not a positive multiple of rows_per_cta ", s.rows_per_cta);
-  const int step = s.splits * kernels::stream_stage_k(s.rows_per_cta);
-  if (k <= 0 || k % step)
-    return detail::concat("pooler GEMM: K = ", k, " is not a positive multiple of splits * stage columns = ", step,
-                          " (", name, ")");
-  if (n / s.rows_per_cta > 65535) return detail::concat("pooler GEMM: N = ", n, " too large for ", name);
+  if (k <= 0 || k % s.splits || (k / s.splits != 1024 && k / s.splits != 2048))
+    return detail::concat("pooler GEMM: ", name, " needs K / splits = 1024 or 2048, got K = ", k);
+  const int rows = kernels::stream_group_rows(k / s.splits);
+  if (n <= 0 || n % rows)
+    return detail::concat("pooler GEMM: N = ", n, " is not a positive multiple of the ", rows, " rows of a ", name,
+                          " stage at K = ", k);
   const int tile = m <= 8 ? 8 : 16;
-  if (kernels::stream_stages(s.rows_per_cta, s.splits, tile, k, kernels::kMaxSmemPerBlock) < kernels::kStreamMinStages)
+  if (kernels::stream_stages(k / s.splits, s.splits, 1, tile, kernels::kMaxSmemPerBlock) < kernels::kStreamMinStages)
     return detail::concat("pooler GEMM: ", name, ": x [", tile, ", ", k / s.splits, "] leaves no room for ",
                           kernels::kStreamMinStages, " weight stages in shared memory");
   return std::nullopt;

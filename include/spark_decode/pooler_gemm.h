@@ -9,9 +9,8 @@
 //   mma     the Unpooler's split-K tensor-core engine (spark_decode::Unpooler
 //           used as a GEMM over this weight);
 //   stream  tensor cores fed by the copy engine through a ring of shared-
-//           memory stages, one CTA per SM, clusters over K
-//           (src/kernels/pooler/stream_gemm.cuh) at a shape (rows_per_cta,
-//           splits).
+//           memory stages, persistent CTAs (one per SM) in clusters over K
+//           (src/kernels/pooler/stream_gemm.cuh) at a shape (splits, warps).
 // Each is bitwise reproducible and batch invariant for a fixed engine and
 // shape (SPEC §5); the engines sum in different orders, so their results
 // differ in the last bits, and a row's result depends on which engine the
@@ -30,8 +29,7 @@
 // W is read before griddepcontrol.wait (programmatic dependent launch), x
 // after (the stream engine's copy engine reads W before it too). run() may
 // not allocate, synchronise or prepare a kernel; it is CUDA-graph capturable
-// (one kernel). Construction prepares every kernel, and for the stream
-// engine encodes W's tensor map (W must not move while the PoolerGemm lives).
+// (one kernel). Construction prepares every kernel.
 //
 // Fused publish (Options::mailbox; what Pooler::run uses): run_publish()
 // also writes out into this rank's slot of every rank's copy of the mailbox
@@ -68,11 +66,12 @@ struct PoolerGemmShape {
   bool operator==(const PoolerGemmShape&) const = default;
 };
 
-// Launch shape of the stream engine: grid (N / rows_per_cta, splits), a
-// cluster of `splits` CTAs over K per rows_per_cta weight rows.
+// Launch shape of the stream engine: clusters of `splits` CTAs over K (K /
+// splits must be 1024 or 2048: a 32 KiB stage is 16 or 8 weight rows of the
+// slice), `warps` compute warps per CTA, one CTA per SM.
 struct PoolerStreamShape {
-  int rows_per_cta = 128;  // 64 or 128 (one compute warp per 16 rows)
-  int splits = 4;          // 2, 4 or 8
+  int splits = 4;  // 2, 4 or 8
+  int warps = 4;   // 2, 4 or 8
   std::string to_string() const;
   bool operator==(const PoolerStreamShape&) const = default;
 };
@@ -93,8 +92,8 @@ const std::vector<PoolerGemmShape>& pooler_gemm_shapes();
 std::optional<std::string> pooler_gemm_unsupported(int n, int k, int m, const PoolerGemmShape& shape);
 // The stream shapes offered (each with kernels for 8- and 16-token tiles).
 const std::vector<PoolerStreamShape>& pooler_stream_shapes();
-// Why the stream engine cannot run [n, k] at `shape` for m rows (shape, or
-// shared memory of an sm_90 / sm_100 CTA), or nullopt.
+// Why the stream engine cannot run [n, k] at `shape` for m rows, or nullopt
+// (whether the GPU holds one cluster is checked at construction).
 std::optional<std::string> pooler_stream_unsupported(int n, int k, int m, const PoolerStreamShape& shape);
 // Every engine at every shape it offers, mma first (for tests, benchmarks
 // and tuning: what `Options::force` can name).
@@ -153,15 +152,15 @@ class PoolerGemm {
   std::unique_ptr<Unpooler> mma_;
   LamportMailbox* mailbox_ = nullptr;
   std::unique_ptr<Unpooler> mma_publish_;  // the MMA engine publishing into mailbox_
-  // The stream engine's tensor maps of W (CUtensorMap, opaque here), by
-  // rows_per_cta 64 and 128, and its ring depth by m - 1.
-  struct alignas(64) TensorMapBlob {
-    unsigned char bytes[128];
+  // The stream engine's launch by m - 1: clusters, row groups per cluster,
+  // groups one rank reduces at most, ring depth (set at construction).
+  struct StreamLaunch {
+    int clusters = 0, per = 0, owned_max = 0, stages = 0;
   };
-  TensorMapBlob stream_maps_[2] = {};
-  std::vector<int> stream_stages_;
+  std::vector<StreamLaunch> stream_launch_;
 
   void launch(const void* x, void* out, int m, cudaStream_t stream, bool publish) const;
+  StreamLaunch prepare_stream(const PoolerStreamShape& shape, int m) const;
 };
 
 // One launch of the skinny GEMM at `shape` (validated; for benchmarks and

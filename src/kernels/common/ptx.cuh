@@ -357,26 +357,6 @@ __device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uin
       : "memory");
 }
 
-// The box of a 2-D tensor map at coordinates (c0 innermost, c1) into this
-// CTA's shared memory by the copy engine, laid out (and swizzled) as the map
-// says, completing as transactions on `bar`, under the L2 eviction `policy`.
-// `map` is the generic address of a __grid_constant__ kernel parameter. The
-// same async-proxy rule as bulk_copy_g2s.
-__device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* map, int c0, int c1, uint32_t bar,
-                                            uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
-      " [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(dst),
-      "l"(map), "r"(c0), "r"(c1), "r"(bar), "l"(policy)
-      : "memory");
-}
-
-// Fetches a tensor map (a kernel parameter) into the descriptor cache ahead
-// of its first use.
-__device__ __forceinline__ void prefetch_tensormap(const void* map) {
-  asm volatile("prefetch.tensormap [%0];" ::"l"(map) : "memory");
-}
-
 // A barrier over `threads` threads of this CTA (a multiple of 32) on hardware
 // barrier `id` (1..15; __syncthreads uses 0): for a subset of warps, e.g. when
 // other warps of the CTA have exited or never take part.

@@ -87,8 +87,8 @@ PoolerGemm::StreamLaunch PoolerGemm::prepare_stream(const PoolerStreamShape& s, 
   l.per = (groups + std::min(resident, groups) - 1) / std::min(resident, groups);
   l.clusters = (groups + l.per - 1) / l.per;
   l.owned_max = (l.per + s.splits - 1) / s.splits;
-  l.stages = kernels::stream_stages(k_slice, s.splits, l.owned_max, stream_tile(m), limit);
-  SPARK_CHECK_RUNTIME(l.stages >= kernels::kStreamMinStages, "pooler GEMM: ", s.to_string(), " at m = ", m, " fits ",
+  l.stages = kernels::stream_stages(k_slice, s.splits, l.owned_max, stream_tile(m), s.warps, limit);
+  SPARK_CHECK_RUNTIME(l.stages >= std::max(s.warps, kernels::kStreamMinStages), "pooler GEMM: ", s.to_string(), " at m = ", m, " fits ",
                       l.stages, " weight stages in cuda:", device_, "'s shared memory");
   return l;
 }

@@ -44,12 +44,15 @@ SPARK_STREAM_HD constexpr int stream_ring_offset(int k_slice, int splits, int ow
 SPARK_STREAM_HD constexpr int stream_smem_bytes(int k_slice, int splits, int owned_max, int tile, int stages) {
   return stream_ring_offset(k_slice, splits, owned_max, tile) + stages * stream_stage_bytes(k_slice);
 }
-// The deepest ring that fits `smem_limit` (may be below kStreamMinStages:
-// then the shape cannot run).
-SPARK_STREAM_HD constexpr int stream_stages(int k_slice, int splits, int owned_max, int tile, int smem_limit) {
+// The deepest ring that fits `smem_limit` and is a multiple of `warps` (each
+// slot has one consumer warp); may be below kStreamMinStages: then the
+// shape cannot run.
+SPARK_STREAM_HD constexpr int stream_stages(int k_slice, int splits, int owned_max, int tile, int warps,
+                                            int smem_limit) {
   const int left = smem_limit - stream_ring_offset(k_slice, splits, owned_max, tile);
-  const int stages = left < 0 ? 0 : left / stream_stage_bytes(k_slice);
-  return stages > kStreamMaxStages ? kStreamMaxStages : stages;
+  const int fit = left < 0 ? 0 : left / stream_stage_bytes(k_slice);
+  const int stages = fit > kStreamMaxStages ? kStreamMaxStages : fit;
+  return stages / warps * warps;
 }
 
 }  // namespace spark_decode::kernels

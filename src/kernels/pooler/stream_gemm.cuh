@@ -22,7 +22,10 @@
 // ring slot is free and has the copy engine fill it; it never waits for the
 // previous grid (weights are parameters). Compute warp w takes stages w,
 // w + W, ... whole (no reduction between warps), after thread 0 has had x's
-// K slice (rows < m) copied into shared memory once, after the wait.
+// K slice (rows < m) copied into shared memory once, after the wait. The
+// ring depth is a multiple of W, so that every slot has one consumer: a
+// warp waiting on a slot's phase p + 1 while another warp's phase p is still
+// open would see the wrong phase complete (an mbarrier only tells parity).
 //
 // The MMA is mma.sync.m16n8k16 with A = 16 tokens of x and B = 8 weight
 // rows (n8: a stage is G / 8 n-tiles). The K permutation (as the
@@ -59,7 +62,7 @@ struct StreamGemmArgs {
   const __nv_bfloat16* x;  // [m, k]
   __nv_bfloat16* out;      // [m, n]
   int n, k, m;
-  int stages;     // ring depth, kStreamMinStages..kStreamMaxStages
+  int stages;     // ring depth, kStreamMinStages..kStreamMaxStages, a multiple of the compute warps
   int per;        // row groups per cluster
   int owned_max;  // ceil(per / S): groups one rank reduces at most
   mailbox_dev::PublishTarget publish;  // the fused publish (as PoolerGemmArgs::publish)

@@ -59,8 +59,8 @@ kernels::LaunchShape stream_launch_shape(const PoolerStreamShape& s, int k, int 
                                          int stages, bool pdl) {
   kernels::LaunchShape shape;
   shape.grid = dim3(clusters, s.splits);
-  shape.block = dim3((s.warps + 1) * 32);
-  shape.smem_bytes = kernels::stream_smem_bytes(k / s.splits, s.splits, owned_max, stream_tile(m), stages);
+  shape.block = dim3(kernels::kStreamThreads);
+  shape.smem_bytes = kernels::stream_smem_bytes(k / s.splits, s.splits, owned_max, m, stages);
   shape.cluster_y = s.splits;
   shape.enable_pdl = pdl;
   return shape;
@@ -87,8 +87,8 @@ PoolerGemm::StreamLaunch PoolerGemm::prepare_stream(const PoolerStreamShape& s, 
   l.per = (groups + std::min(resident, groups) - 1) / std::min(resident, groups);
   l.clusters = (groups + l.per - 1) / l.per;
   l.owned_max = (l.per + s.splits - 1) / s.splits;
-  l.stages = kernels::stream_stages(k_slice, s.splits, l.owned_max, stream_tile(m), s.warps, limit);
-  SPARK_CHECK_RUNTIME(l.stages >= std::max(s.warps, kernels::kStreamMinStages), "pooler GEMM: ", s.to_string(), " at m = ", m, " fits ",
+  l.stages = kernels::stream_stages(k_slice, s.splits, l.owned_max, m, limit);
+  SPARK_CHECK_RUNTIME(l.stages >= kernels::kStreamMinStages, "pooler GEMM: ", s.to_string(), " at m = ", m, " fits ",
                       l.stages, " weight stages in cuda:", device_, "'s shared memory");
   return l;
 }
@@ -226,6 +226,14 @@ void PoolerGemm::launch(const void* x, void* out, int m, cudaStream_t stream, bo
                   publish ? mailbox_ : nullptr);
   else
     launch_skinny(c.shape, weight_, x, out, n_, k_, m, stream, enable_pdl_, publish ? mailbox_ : nullptr);
+}
+
+std::string PoolerGemm::describe(int m) const {
+  const PoolerGemmChoice c = choice(m);
+  if (c.engine != PoolerGemmEngine::stream) return c.to_string();
+  const StreamLaunch& l = stream_launch_[m - 1];
+  return detail::concat(c.to_string(), " [", l.clusters, " clusters x ", c.stream_shape.splits, ", ", l.per,
+                        " groups each, ring ", l.stages, "]");
 }
 
 void PoolerGemm::run(const void* x, void* out, int m, cudaStream_t stream) const {

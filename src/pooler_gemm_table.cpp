@@ -1,6 +1,5 @@
 // The pooler GEMM's launch-shape checks and tactic table (plain C++: they run
 // and are tested on machines without a GPU).
-#include <algorithm>
 #include <sstream>
 
 #include "kernels/pooler/stream_config.h"
@@ -20,7 +19,7 @@ std::string PoolerGemmShape::to_string() const {
 
 std::string PoolerStreamShape::to_string() const {
   std::ostringstream os;
-  os << "stream(splits=" << splits << ", warps=" << warps << ")";
+  os << "stream(splits=" << splits << ")";
   return os.str();
 }
 
@@ -80,7 +79,7 @@ std::optional<std::string> pooler_gemm_unsupported(int n, int k, int m, const Po
 const std::vector<PoolerStreamShape>& pooler_stream_shapes() {
   // At K = H = 8192: splits 4 (8-row stages, 4 KiB copies) or 8 (16-row
   // stages, 2 KiB copies).
-  static const std::vector<PoolerStreamShape> shapes = {{4, 2}, {4, 4}, {8, 2}, {8, 4}};
+  static const std::vector<PoolerStreamShape> shapes = {{4}, {8}};
   return shapes;
 }
 
@@ -88,8 +87,6 @@ std::optional<std::string> pooler_stream_unsupported(int n, int k, int m, const 
   const std::string name = s.to_string();
   if (s.splits != 2 && s.splits != 4 && s.splits != 8)
     return detail::concat("pooler GEMM: ", name, ": splits must be 2, 4 or 8 (a cluster over K)");
-  if (s.warps != 2 && s.warps != 4)
-    return detail::concat("pooler GEMM: ", name, ": warps must be 2 or 4 (the ring holds a multiple of them)");
   if (m < 1 || m > kPoolerMaxBatch)
     return detail::concat("pooler GEMM: m = ", m, " outside [1, ", kPoolerMaxBatch, "]");
   if (k <= 0 || k % s.splits || (k / s.splits != 1024 && k / s.splits != 2048))
@@ -98,11 +95,9 @@ std::optional<std::string> pooler_stream_unsupported(int n, int k, int m, const 
   if (n <= 0 || n % rows)
     return detail::concat("pooler GEMM: N = ", n, " is not a positive multiple of the ", rows, " rows of a ", name,
                           " stage at K = ", k);
-  const int tile = m <= 8 ? 8 : 16;
-  if (kernels::stream_stages(k / s.splits, s.splits, 1, tile, s.warps, kernels::kMaxSmemPerBlock) <
-      std::max(s.warps, kernels::kStreamMinStages))
-    return detail::concat("pooler GEMM: ", name, ": x [", tile, ", ", k / s.splits, "] leaves no room for ",
-                          std::max(s.warps, kernels::kStreamMinStages), " weight stages in shared memory");
+  if (kernels::stream_stages(k / s.splits, s.splits, 1, m, kernels::kMaxSmemPerBlock) < kernels::kStreamMinStages)
+    return detail::concat("pooler GEMM: ", name, ": x [", m, ", ", k / s.splits, "] leaves no room for ",
+                          kernels::kStreamMinStages, " weight stages in shared memory");
   return std::nullopt;
 }
 

@@ -10,7 +10,7 @@
 //           used as a GEMM over this weight);
 //   stream  tensor cores fed by the copy engine through a ring of shared-
 //           memory stages, persistent CTAs (one per SM) in clusters over K
-//           (src/kernels/pooler/stream_gemm.cuh) at a shape (splits, warps).
+//           (src/kernels/pooler/stream_gemm.cuh) at a shape (splits).
 // Each is bitwise reproducible and batch invariant for a fixed engine and
 // shape (SPEC §5); the engines sum in different orders, so their results
 // differ in the last bits, and a row's result depends on which engine the
@@ -68,10 +68,9 @@ struct PoolerGemmShape {
 
 // Launch shape of the stream engine: clusters of `splits` CTAs over K (K /
 // splits must be 1024 or 2048: a 32 KiB stage is 16 or 8 weight rows of the
-// slice), `warps` compute warps per CTA, one CTA per SM.
+// slice), one CTA per SM.
 struct PoolerStreamShape {
   int splits = 4;  // 2, 4 or 8
-  int warps = 4;   // 2, 4 or 8
   std::string to_string() const;
   bool operator==(const PoolerStreamShape&) const = default;
 };
@@ -140,6 +139,8 @@ class PoolerGemm {
 
   // The engine that serves batch m (m must be prepared).
   PoolerGemmChoice choice(int m) const;
+  // choice(m), and for the stream engine the launch this GPU gets (for logs).
+  std::string describe(int m) const;
   int n() const { return n_; }
   int k() const { return k_; }
   int device() const { return device_; }

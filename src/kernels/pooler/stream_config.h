@@ -18,6 +18,10 @@ namespace spark_decode::kernels {
 inline constexpr int kStreamStageElems = 16384;  // G * K slice
 SPARK_STREAM_HD constexpr int stream_group_rows(int k_slice) { return kStreamStageElems / k_slice; }
 inline constexpr int kStreamMaxStages = 8;
+// Compute warps per CTA: each takes a quarter of every stage's columns into
+// registers (64 per lane) and releases the slot before its MMAs.
+inline constexpr int kStreamWarps = 4;
+inline constexpr int kStreamThreads = (kStreamWarps + 1) * 32;
 inline constexpr int kStreamMinStages = 2;
 // Header: full[kStreamMaxStages], empty[kStreamMaxStages], the x barrier and
 // the reduction barrier (8 bytes each), padded.
@@ -30,29 +34,28 @@ SPARK_STREAM_HD constexpr int stream_stage_bytes(int k_slice) {
   return stream_group_rows(k_slice) * stream_row_bytes(k_slice);
 }
 // Shared memory layout: header | y [16 tokens][owned_max G] BF16 | partials
-// [splits][owned_max][G / 8][32 lanes][4] FP32 | x [tile][row] | ring.
+// [splits][kStreamWarps][owned_max][G / 8][32 lanes][4] FP32 | x [m][row] |
+// ring.
 SPARK_STREAM_HD constexpr int stream_y_offset() { return kStreamHeaderBytes; }
 SPARK_STREAM_HD constexpr int stream_partials_offset(int k_slice, int owned_max) {
   return stream_y_offset() + 16 * owned_max * stream_group_rows(k_slice) * 2;
 }
 SPARK_STREAM_HD constexpr int stream_x_offset(int k_slice, int splits, int owned_max) {
-  return stream_partials_offset(k_slice, owned_max) + splits * owned_max * (stream_group_rows(k_slice) / 8) * 512;
+  return stream_partials_offset(k_slice, owned_max) +
+         splits * kStreamWarps * owned_max * (stream_group_rows(k_slice) / 8) * 512;
 }
-SPARK_STREAM_HD constexpr int stream_ring_offset(int k_slice, int splits, int owned_max, int tile) {
-  return stream_x_offset(k_slice, splits, owned_max) + tile * stream_row_bytes(k_slice);
+SPARK_STREAM_HD constexpr int stream_ring_offset(int k_slice, int splits, int owned_max, int m) {
+  return stream_x_offset(k_slice, splits, owned_max) + m * stream_row_bytes(k_slice);
 }
-SPARK_STREAM_HD constexpr int stream_smem_bytes(int k_slice, int splits, int owned_max, int tile, int stages) {
-  return stream_ring_offset(k_slice, splits, owned_max, tile) + stages * stream_stage_bytes(k_slice);
+SPARK_STREAM_HD constexpr int stream_smem_bytes(int k_slice, int splits, int owned_max, int m, int stages) {
+  return stream_ring_offset(k_slice, splits, owned_max, m) + stages * stream_stage_bytes(k_slice);
 }
-// The deepest ring that fits `smem_limit` and is a multiple of `warps` (each
-// slot has one consumer warp); may be below kStreamMinStages: then the
-// shape cannot run.
-SPARK_STREAM_HD constexpr int stream_stages(int k_slice, int splits, int owned_max, int tile, int warps,
-                                            int smem_limit) {
-  const int left = smem_limit - stream_ring_offset(k_slice, splits, owned_max, tile);
-  const int fit = left < 0 ? 0 : left / stream_stage_bytes(k_slice);
-  const int stages = fit > kStreamMaxStages ? kStreamMaxStages : fit;
-  return stages / warps * warps;
+// The deepest ring that fits `smem_limit` (may be below kStreamMinStages:
+// then the shape cannot run).
+SPARK_STREAM_HD constexpr int stream_stages(int k_slice, int splits, int owned_max, int m, int smem_limit) {
+  const int left = smem_limit - stream_ring_offset(k_slice, splits, owned_max, m);
+  const int stages = left < 0 ? 0 : left / stream_stage_bytes(k_slice);
+  return stages > kStreamMaxStages ? kStreamMaxStages : stages;
 }
 
 }  // namespace spark_decode::kernels

@@ -20,12 +20,13 @@
 // G rows x k / S columns, G = 16384 / (k / S), one contiguous bulk copy per
 // row. The last warp produces: its lane 0 walks the groups, waits until a
 // ring slot is free and has the copy engine fill it; it never waits for the
-// previous grid (weights are parameters). Compute warp w takes stages w,
-// w + W, ... whole (no reduction between warps), after thread 0 has had x's
-// K slice (rows < m) copied into shared memory once, after the wait. The
-// ring depth is a multiple of W, so that every slot has one consumer: a
-// warp waiting on a slot's phase p + 1 while another warp's phase p is still
-// open would see the wrong phase complete (an mbarrier only tells parity).
+// previous grid (weights are parameters). Each of the 4 compute warps takes
+// a quarter of every stage's columns into registers (64 per lane) and
+// releases the slot at once, so a slot is refilled while its MMAs run: the
+// ring stays in flight (a first version in which one warp computed a whole
+// stage out of shared memory held each slot ~0.7 us and streamed 20% slower,
+// bench/NOTES.md). x's K slice (rows < m) is copied into shared memory once,
+// after the wait.
 //
 // The MMA is mma.sync.m16n8k16 with A = 16 tokens of x and B = 8 weight
 // rows (n8: a stage is G / 8 n-tiles). The K permutation (as the
@@ -36,14 +37,13 @@
 // slot, so the product is the GEMM's. With rows padded by 16 bytes the eight
 // rows a quarter-warp reads fall in different banks.
 //
-// Determinism (SPEC §5): each output sums, per CTA, its MMA steps in K order
-// into accumulator set (step % 4), the sets added in order; then the S ranks'
-// partials in rank order (group i of a cluster is reduced by rank i % S,
-// which receives every rank's fragment of it over distributed shared
-// memory). The order depends on (k, S) only. An MMA's token rows never mix,
-// so a row's result does not depend on the batch; at m <= 8 tokens 8-15 are
-// fed zeros, at m > 8 rows m..15 of x in shared memory hold whatever was
-// there: either way they reach only output rows that are not stored.
+// Determinism (SPEC §5): each output sums, per warp, its MMA steps in K
+// order into accumulator set (step % 4), the sets added in order; then the
+// 4 S warp partials in K order (rank by rank, warp by warp: group i of a
+// cluster is reduced by rank i % S, which receives every warp's fragment of
+// it over distributed shared memory). The order depends on (k, S) only. An
+// MMA's token rows never mix, and tokens >= m are fed zeros, so a row's
+// result does not depend on the batch.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -62,7 +62,7 @@ struct StreamGemmArgs {
   const __nv_bfloat16* x;  // [m, k]
   __nv_bfloat16* out;      // [m, n]
   int n, k, m;
-  int stages;     // ring depth, kStreamMinStages..kStreamMaxStages, a multiple of the compute warps
+  int stages;     // ring depth, kStreamMinStages..kStreamMaxStages
   int per;        // row groups per cluster
   int owned_max;  // ceil(per / S): groups one rank reduces at most
   mailbox_dev::PublishTarget publish;  // the fused publish (as PoolerGemmArgs::publish)
@@ -76,18 +76,20 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
 
 // G rows per group (8: k / S = 2048; 16: k / S = 1024), TILE tokens (8, 16).
 template <int G, int TILE>
-__global__ void __launch_bounds__(9 * 32, 1) stream_gemm_kernel(const StreamGemmArgs a) {
+__global__ void __launch_bounds__(kStreamThreads, 1) stream_gemm_kernel(const StreamGemmArgs a) {
   SPARK_TRACE_CTA(kSkinnyGemm);
+  constexpr int kW = kStreamWarps;
   constexpr int kKs = kStreamStageElems / G;  // K slice
   constexpr int kNt = G / 8;                  // n8 tiles per group
+  constexpr int kBlocks = kKs / kW / 64;      // 64-column blocks per warp and stage
   constexpr int kRow = stream_row_bytes(kKs);
   constexpr int kStage = stream_stage_bytes(kKs);
   constexpr int kAccs = 4;
   static_assert(G == 8 || G == 16);
   static_assert(TILE == 8 || TILE == 16);
+  static_assert(kNt * kBlocks * 2 * 4 == 64, "64 registers of weights per lane");
 
   extern __shared__ __align__(16) unsigned char smem[];
-  const int warps = blockDim.x / 32 - 1;  // compute warps
   const int splits = gridDim.y, split = blockIdx.y;  // cluster (1, S, 1): the rank is blockIdx.y
   const int groups = a.n / G;
   const int g0 = blockIdx.x * a.per;
@@ -104,28 +106,28 @@ __global__ void __launch_bounds__(9 * 32, 1) stream_gemm_kernel(const StreamGemm
   __nv_bfloat16* const y_tile = reinterpret_cast<__nv_bfloat16*>(smem + stream_y_offset());
   float* const partials = reinterpret_cast<float*>(smem + stream_partials_offset(kKs, a.owned_max));
   unsigned char* const xs = smem + stream_x_offset(kKs, splits, a.owned_max);
-  unsigned char* const ring_ptr = smem + stream_ring_offset(kKs, splits, a.owned_max, TILE);
+  unsigned char* const ring_ptr = smem + stream_ring_offset(kKs, splits, a.owned_max, a.m);
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0) {
     for (int s = 0; s < ring; ++s) {
       ptx::mbarrier_init(full(s), 1);
-      ptx::mbarrier_init(empty(s), 1);  // the one warp that consumed the stage
+      ptx::mbarrier_init(empty(s), kW);  // every compute warp reads every stage
     }
     ptx::mbarrier_init(x_bar, 1);
-    // This rank reduces `owned` groups: every rank's fragments of each.
+    // This rank reduces `owned` groups: every warp's fragments of each.
     ptx::mbarrier_init(red_bar, 1);
-    ptx::mbarrier_arrive_expect_tx(red_bar, splits * owned * kNt * 512);
+    ptx::mbarrier_arrive_expect_tx(red_bar, splits * kW * owned * kNt * 512);
     // The copy engine and the other ranks' st.async complete on these.
     ptx::fence_mbarrier_init_cluster();
   }
   __syncthreads();
   ptx::cluster_arrive_relaxed();  // "every CTA has started" (see ptx.cuh)
 
-  if (warp == warps) {
+  if (warp == kW) {
     // The producer. Stage i uses slot i % ring for the (i / ring)-th time;
-    // from the second use on, its consumer must have released it (phase
-    // (i / ring) - 1 of `empty`).
+    // from the second use on, every compute warp must have released it
+    // (phase (i / ring) - 1 of `empty`).
     ptx::griddep_launch_dependents();  // this warp never waits: do not hold the next grid back
     if (lane == 0) {
       const uint64_t policy = ptx::l2_policy_evict_first();
@@ -142,7 +144,7 @@ __global__ void __launch_bounds__(9 * 32, 1) stream_gemm_kernel(const StreamGemm
     }
     __syncwarp();
     // Complete the cluster phase this warp arrived at, then leave: every copy
-    // completes on a barrier a compute warp waits on before the CTA ends.
+    // completes on a barrier the compute warps wait on before the CTA ends.
     ptx::cluster_wait_acquire();
     return;
   }
@@ -165,12 +167,33 @@ __global__ void __launch_bounds__(9 * 32, 1) stream_gemm_kernel(const StreamGemm
   }
 
   const int g = lane >> 2, t = lane & 3;
+  const int kw0 = warp * kBlocks * 128;  // this warp's first column of a stage, in bytes
   ptx::cluster_wait_acquire();  // every rank has started and armed red_bar
   ptx::mbarrier_wait_parity(x_bar, 0);
-  const unsigned char* const xa = xs + g * kRow;  // token g; token g + 8 is 8 rows on
+  // Tokens g and g + 8 of x (zeros beyond m: they reach only unstored rows).
+  const bool has_lo = g < a.m, has_hi = TILE == 16 && g + 8 < a.m;
+  const unsigned char* const x_lo = xs + g * kRow + kw0;
+  const unsigned char* const x_hi = xs + (g + 8) * kRow + kw0;
 
-  for (int i = warp; i < count; i += warps) {
+  for (int i = 0; i < count; ++i) {
     const int s = i % ring;
+    ptx::mbarrier_wait_parity(full(s), (i / ring) & 1);
+    // This warp's quarter of the stage: rows nt 8 + g, chunks 2t, 2t + 1 of
+    // each of its blocks, into registers; then the slot is free.
+    const unsigned char* const wg = ring_ptr + s * kStage + g * kRow + kw0;
+    uint4 wv[kNt][kBlocks][2];
+#pragma unroll
+    for (int nt = 0; nt < kNt; ++nt)
+#pragma unroll
+      for (int blk = 0; blk < kBlocks; ++blk)
+#pragma unroll
+        for (int v = 0; v < 2; ++v)
+          wv[nt][blk][v] = *reinterpret_cast<const uint4*>(wg + nt * 8 * kRow + blk * 128 + (2 * t + v) * 16);
+    // mbarrier.arrive releases: the reads above are done before the
+    // producer can see the slot free.
+    __syncwarp();
+    if (lane == 0) ptx::mbarrier_arrive(empty(s));
+
     float acc[kAccs][kNt][4];
 #pragma unroll
     for (int c = 0; c < kAccs; ++c)
@@ -178,18 +201,14 @@ __global__ void __launch_bounds__(9 * 32, 1) stream_gemm_kernel(const StreamGemm
       for (int nt = 0; nt < kNt; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[c][nt][e] = 0.0f;
-    ptx::mbarrier_wait_parity(full(s), (i / ring) & 1);
-    const unsigned char* const wg = ring_ptr + s * kStage + g * kRow;  // weight row g of n-tile 0
-#pragma unroll 4
-    for (int blk = 0; blk < kKs / 64; ++blk) {
-      uint4 xv[2][2], wv[kNt][2];
+#pragma unroll
+    for (int blk = 0; blk < kBlocks; ++blk) {
+      uint4 xv[2][2];
 #pragma unroll
       for (int v = 0; v < 2; ++v) {
         const int at = blk * 128 + (2 * t + v) * 16;
-        xv[0][v] = *reinterpret_cast<const uint4*>(xa + at);
-        xv[1][v] = TILE == 16 ? *reinterpret_cast<const uint4*>(xa + 8 * kRow + at) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-        for (int nt = 0; nt < kNt; ++nt) wv[nt][v] = *reinterpret_cast<const uint4*>(wg + nt * 8 * kRow + at);
+        xv[0][v] = has_lo ? *reinterpret_cast<const uint4*>(x_lo + at) : make_uint4(0, 0, 0, 0);
+        xv[1][v] = has_hi ? *reinterpret_cast<const uint4*>(x_hi + at) : make_uint4(0, 0, 0, 0);
       }
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
@@ -198,16 +217,14 @@ __global__ void __launch_bounds__(9 * 32, 1) stream_gemm_kernel(const StreamGemm
                                 stream::word(xv[0][v], 2 * h + 1), stream::word(xv[1][v], 2 * h + 1)};
 #pragma unroll
         for (int nt = 0; nt < kNt; ++nt)
-          ptx::mma_m16n8k16_bf16(acc[j][nt], af, stream::word(wv[nt][v], 2 * h), stream::word(wv[nt][v], 2 * h + 1));
+          ptx::mma_m16n8k16_bf16(acc[j][nt], af, stream::word(wv[nt][blk][v], 2 * h),
+                                 stream::word(wv[nt][blk][v], 2 * h + 1));
       }
     }
-    // This warp is done reading slot s (mbarrier.arrive releases its reads).
-    __syncwarp();
-    if (lane == 0) ptx::mbarrier_arrive(empty(s));
 
-    // The group's partial over this K slice, to its reducing rank's slot
-    // [split][i / S] (st.async completes on that rank's red_bar; our own rank
-    // included, through the same path).
+    // The warp's partial of group i over its columns, to the reducing rank's
+    // slot [split][warp][i / S] (st.async completes on that rank's red_bar;
+    // our own rank included, through the same path).
     const int owner = i % splits, local = i / splits;
     const uint32_t remote_bar = ptx::map_cluster_addr(red_bar, owner);
 #pragma unroll
@@ -215,7 +232,7 @@ __global__ void __launch_bounds__(9 * 32, 1) stream_gemm_kernel(const StreamGemm
       float p[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) p[e] = ((acc[0][nt][e] + acc[1][nt][e]) + acc[2][nt][e]) + acc[3][nt][e];
-      const int slot = ((split * a.owned_max + local) * kNt + nt) * 128 + lane * 4;
+      const int slot = (((split * kW + warp) * a.owned_max + local) * kNt + nt) * 128 + lane * 4;
       ptx::st_async_v4(ptx::map_cluster_addr(ptx::smem_addr(partials + slot), owner), p[0], p[1], p[2], p[3],
                        remote_bar);
     }
@@ -226,21 +243,22 @@ __global__ void __launch_bounds__(9 * 32, 1) stream_gemm_kernel(const StreamGemm
 
   // Element j of the owned fragments ([local][nt][lane][e], as the lanes held
   // them: tokens (lane / 4) + 8 (e / 2), rows nt 8 + 2 (lane % 4) + e % 2):
-  // the S partials in rank order, rounded once.
-  const int threads = warps * 32;
+  // the 4 S warp partials in K order, rounded once.
+  constexpr int kThreads = kW * 32;
   const int y_stride = a.owned_max * G;
-  for (int j = threadIdx.x; j < owned * kNt * 128; j += threads) {
+  const int partial_stride = a.owned_max * kNt * 128;
+  for (int j = threadIdx.x; j < owned * kNt * 128; j += kThreads) {
     const int e = j & 3, ln = (j >> 2) & 31, nt = (j >> 7) % kNt, lt = (j >> 7) / kNt;
     const int token = (ln >> 2) + (e >> 1) * 8;
     if (token >= a.m) continue;
     float sum = partials[j];
-    for (int r = 1; r < splits; ++r) sum += partials[r * a.owned_max * kNt * 128 + j];
+    for (int q = 1; q < splits * kW; ++q) sum += partials[q * partial_stride + j];
     y_tile[token * y_stride + lt * G + nt * 8 + 2 * (ln & 3) + (e & 1)] = __float2bfloat16_rn(sum);
   }
-  ptx::named_barrier_sync(1, threads);
+  ptx::named_barrier_sync(1, kThreads);
 
   // Item (token, local group, n-tile): 8 features of one token, one 16-byte vector.
-  for (int item = threadIdx.x; item < items; item += threads) {
+  for (int item = threadIdx.x; item < items; item += kThreads) {
     const int token = item / (owned * kNt), c = item % (owned * kNt), lt = c / kNt, nt = c % kNt;
     const int col = (g0 + lt * splits + split) * G + nt * 8;
     const uint4 y = *reinterpret_cast<const uint4*>(y_tile + token * y_stride + lt * G + nt * 8);

@@ -48,11 +48,8 @@ using StreamFn = void (*)(kernels::StreamGemmArgs);
 
 int stream_tile(int m) { return m <= 8 ? 8 : 16; }
 
-StreamFn stream_kernel(int k_slice, int m) {
-  const bool wide = stream_tile(m) == 16;
-  if (kernels::stream_group_rows(k_slice) == 8)
-    return wide ? kernels::stream_gemm_kernel<8, 16> : kernels::stream_gemm_kernel<8, 8>;
-  return wide ? kernels::stream_gemm_kernel<16, 16> : kernels::stream_gemm_kernel<16, 8>;
+StreamFn stream_kernel(int m) {
+  return stream_tile(m) == 16 ? kernels::stream_gemm_kernel<16> : kernels::stream_gemm_kernel<8>;
 }
 
 kernels::LaunchShape stream_launch_shape(const PoolerStreamShape& s, int k, int m, int clusters, int owned_max,
@@ -72,15 +69,22 @@ kernels::LaunchShape stream_launch_shape(const PoolerStreamShape& s, int k, int 
 // holds at once (one CTA per SM; a second wave would double the time), the
 // row groups spread evenly over them, the deepest ring that fits beside x.
 PoolerGemm::StreamLaunch PoolerGemm::prepare_stream(const PoolerStreamShape& s, int m) const {
-  const int k_slice = k_ / s.splits, groups = n_ / kernels::stream_group_rows(k_slice);
-  int optin = 0;
+  const int k_slice = k_ / s.splits, groups = n_ / kernels::kStreamRows;
+  int optin = 0, sms = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_));
   const int limit = std::min(optin, kernels::kMaxSmemPerBlock);
-  const StreamFn fn = stream_kernel(k_slice, m);
+  const StreamFn fn = stream_kernel(m);
   CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, limit));
   kernels::LaunchShape probe = stream_launch_shape(s, k_, m, 1, 1, kernels::kStreamMinStages, false);
   probe.smem_bytes = limit;  // every launch fills the shared memory: one CTA per SM
-  const int resident = kernels::max_active_clusters(fn, probe);
+  int resident = 0;
+  if (s.splits > 1) {
+    resident = kernels::max_active_clusters(fn, probe);
+  } else {
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, fn, kernels::kStreamThreads, limit));
+    resident *= sms;
+  }
   SPARK_CHECK_RUNTIME(resident > 0, "pooler GEMM: ", s.to_string(), ": no cluster of ", s.splits,
                       " CTAs fits on cuda:", device_);
   StreamLaunch l;
@@ -110,7 +114,7 @@ void launch_stream(const PoolerStreamShape& s, const Launch& l, const void* w, c
   args.per = l.per;
   args.owned_max = l.owned_max;
   if (publish_into) args.publish = publish_target(*publish_into);
-  kernels::launch(stream_kernel(k / s.splits, m),
+  kernels::launch(stream_kernel(m),
                   stream_launch_shape(s, k, m, l.clusters, l.owned_max, l.stages, enable_pdl), stream, args);
 }
 

@@ -77,24 +77,23 @@ std::optional<std::string> pooler_gemm_unsupported(int n, int k, int m, const Po
 }
 
 const std::vector<PoolerStreamShape>& pooler_stream_shapes() {
-  // At K = H = 8192: splits 4 (8-row stages, 4 KiB copies) or 8 (16-row
-  // stages, 2 KiB copies).
-  static const std::vector<PoolerStreamShape> shapes = {{4}, {8}};
+  // splits 1 (no cluster; x's whole row in shared memory: small batches), 2
+  // and 4 (clusters: fewer CTAs fit at once, bench/NOTES.md).
+  static const std::vector<PoolerStreamShape> shapes = {{1}, {2}, {4}};
   return shapes;
 }
 
 std::optional<std::string> pooler_stream_unsupported(int n, int k, int m, const PoolerStreamShape& s) {
   const std::string name = s.to_string();
-  if (s.splits != 2 && s.splits != 4 && s.splits != 8)
-    return detail::concat("pooler GEMM: ", name, ": splits must be 2, 4 or 8 (a cluster over K)");
+  if (s.splits != 1 && s.splits != 2 && s.splits != 4 && s.splits != 8)
+    return detail::concat("pooler GEMM: ", name, ": splits must be 1, 2, 4 or 8");
   if (m < 1 || m > kPoolerMaxBatch)
     return detail::concat("pooler GEMM: m = ", m, " outside [1, ", kPoolerMaxBatch, "]");
-  if (k <= 0 || k % s.splits || (k / s.splits != 1024 && k / s.splits != 2048))
-    return detail::concat("pooler GEMM: ", name, " needs K / splits = 1024 or 2048, got K = ", k);
-  const int rows = kernels::stream_group_rows(k / s.splits);
-  if (n <= 0 || n % rows)
-    return detail::concat("pooler GEMM: N = ", n, " is not a positive multiple of the ", rows, " rows of a ", name,
-                          " stage at K = ", k);
+  if (k <= 0 || k % (s.splits * kernels::kStreamStageK))
+    return detail::concat("pooler GEMM: K = ", k, " is not a positive multiple of splits * ", kernels::kStreamStageK,
+                          " (", name, ")");
+  if (n <= 0 || n % kernels::kStreamRows)
+    return detail::concat("pooler GEMM: N = ", n, " is not a positive multiple of ", kernels::kStreamRows);
   if (kernels::stream_stages(k / s.splits, s.splits, 1, m, kernels::kMaxSmemPerBlock) < kernels::kStreamMinStages)
     return detail::concat("pooler GEMM: ", name, ": x [", m, ", ", k / s.splits, "] leaves no room for ",
                           kernels::kStreamMinStages, " weight stages in shared memory");

@@ -66,11 +66,11 @@ struct PoolerGemmShape {
   bool operator==(const PoolerGemmShape&) const = default;
 };
 
-// Launch shape of the stream engine: clusters of `splits` CTAs over K (K /
-// splits must be 1024 or 2048: a 32 KiB stage is 16 or 8 weight rows of the
-// slice), one CTA per SM.
+// Launch shape of the stream engine: `splits` CTAs over K (a cluster when
+// > 1; K a multiple of 2048 splits), one CTA per SM, x's K slice of every
+// token in shared memory.
 struct PoolerStreamShape {
-  int splits = 4;  // 2, 4 or 8
+  int splits = 4;  // 1, 2, 4 or 8
   std::string to_string() const;
   bool operator==(const PoolerStreamShape&) const = default;
 };

@@ -270,11 +270,11 @@ TEST(PoolerGemm, EveryStreamShapeIsAccurateReproducibleAndBatchInvariant) {
     sd::PoolerGemmChoice c;
     c.engine = sd::PoolerGemmEngine::stream;
     c.stream_shape = shape;
-    // Both stage kinds (K / splits = 2048: 8-row stages; 1024: 16 rows); at
-    // N = 2048 a cluster streams ~8 groups through a ring of 2-8 slots, so
-    // the ring wraps and slots are refilled after their release.
+    // One and two stages per group (K / splits = 2048, 4096); at N = 2048
+    // a CTA streams 2-8 stages per ring slot, so the ring wraps and slots
+    // are refilled after their release.
     const int n = 2048;
-    for (int k : {2048 * shape.splits, 1024 * shape.splits}) {
+    for (int k : {2048 * shape.splits, 4096 * shape.splits}) {
       try {
         const std::vector<int> ms = servable(c, n, k, all_batches());
         std::optional<sd::PoolerGemm> on, off;  // one per weight pointer the checks pass

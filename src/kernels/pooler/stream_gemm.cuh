@@ -12,24 +12,24 @@
 // SPEC §2.3 lets any faster kernel serve a pooler batch; the Unpooler keeps
 // SPEC §2.1's register design.
 //
-// Shape: clusters of S CTAs over K, grid (C, S), cluster (1, S, 1), C the
-// clusters the GPU holds at once (a second wave of clusters would double
-// the time). Cluster c owns the `per` groups of G weight rows [c per,
-// (c + 1) per) (the last may own fewer); its rank s owns the K slice
-// [s k / S, (s + 1) k / S) of them. Each stage is one group's slice:
-// G rows x k / S columns, G = 16384 / (k / S), one contiguous bulk copy per
-// row. The last warp produces: its lane 0 walks the groups, waits until a
-// ring slot is free and has the copy engine fill it; it never waits for the
-// previous grid (weights are parameters). Each of the 4 compute warps takes
-// a quarter of every stage's columns into registers (64 per lane) and
+// Shape: S CTAs over K per group of 8 weight rows, grid (C, S), cluster
+// (1, S, 1) when S > 1, C the clusters (CTAs at S = 1) the GPU holds at once
+// (a second wave would double the time). Cluster c owns the `per` groups
+// [c per, (c + 1) per) (the last may own fewer); its rank s owns the K slice
+// [s k / S, (s + 1) k / S) of them, streamed as k / S / 2048 stages of
+// [8 rows][2048 columns] per group, one contiguous bulk copy per row. The
+// last warp produces: its lane 0 walks the stages, waits until a ring slot
+// is free and has the copy engine fill it; it never waits for the previous
+// grid (weights are parameters). Each of the 4 compute warps takes a
+// quarter of every stage's columns into registers (64 per lane) and
 // releases the slot at once, so a slot is refilled while its MMAs run: the
-// ring stays in flight (a first version in which one warp computed a whole
-// stage out of shared memory held each slot ~0.7 us and streamed 20% slower,
+// ring stays in flight (a version in which one warp computed a whole stage
+// out of shared memory held each slot ~0.7 us and streamed 20% slower,
 // bench/NOTES.md). x's K slice (rows < m) is copied into shared memory once,
 // after the wait.
 //
 // The MMA is mma.sync.m16n8k16 with A = 16 tokens of x and B = 8 weight
-// rows (n8: a stage is G / 8 n-tiles). The K permutation (as the
+// rows (n8). The K permutation (as the
 // Unpooler's): within each 64 columns, lane (g, t) reads 16-byte chunks 2t
 // and 2t + 1 of tokens g, g + 8 and of weight row g, and feeds words 2h,
 // 2h + 1 of chunk 2t + v to MMA step 2v + h as the logical K slots (2t,
@@ -41,9 +41,9 @@
 // order into accumulator set (step % 4), the sets added in order; then the
 // 4 S warp partials in K order (rank by rank, warp by warp: group i of a
 // cluster is reduced by rank i % S, which receives every warp's fragment of
-// it over distributed shared memory). The order depends on (k, S) only. An
-// MMA's token rows never mix, and tokens >= m are fed zeros, so a row's
-// result does not depend on the batch.
+// it, over distributed shared memory when S > 1). The order depends on
+// (k, S) only. An MMA's token rows never mix, and tokens >= m are fed zeros,
+// so a row's result does not depend on the batch.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -74,28 +74,28 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
 }
 }  // namespace stream
 
-// G rows per group (8: k / S = 2048; 16: k / S = 1024), TILE tokens (8, 16).
-template <int G, int TILE>
+// TILE tokens: 8 (tokens 8-15 of the MMA are zeros) or 16.
+template <int TILE>
 __global__ void __launch_bounds__(kStreamThreads, 1) stream_gemm_kernel(const StreamGemmArgs a) {
   SPARK_TRACE_CTA(kSkinnyGemm);
   constexpr int kW = kStreamWarps;
-  constexpr int kKs = kStreamStageElems / G;  // K slice
-  constexpr int kNt = G / 8;                  // n8 tiles per group
-  constexpr int kBlocks = kKs / kW / 64;      // 64-column blocks per warp and stage
-  constexpr int kRow = stream_row_bytes(kKs);
-  constexpr int kStage = stream_stage_bytes(kKs);
+  constexpr int kBlocks = kStreamStageK / kW / 64;  // 64-column blocks per warp and stage
+  constexpr int kRow = stream_row_bytes(kStreamStageK);
   constexpr int kAccs = 4;
-  static_assert(G == 8 || G == 16);
   static_assert(TILE == 8 || TILE == 16);
-  static_assert(kNt * kBlocks * 2 * 4 == 64, "64 registers of weights per lane");
+  static_assert(kBlocks * 2 * 4 == 64, "64 registers of weights per lane");
 
   extern __shared__ __align__(16) unsigned char smem[];
   const int splits = gridDim.y, split = blockIdx.y;  // cluster (1, S, 1): the rank is blockIdx.y
-  const int groups = a.n / G;
+  const bool clustered = splits > 1;
+  const int k_slice = a.k / splits, per_group = k_slice / kStreamStageK;  // stages per group
+  const int x_row = stream_row_bytes(k_slice);
+  const int groups = a.n / kStreamRows;
   const int g0 = blockIdx.x * a.per;
   const int count = max(0, min(a.per, groups - g0));  // this cluster's groups (the same on every rank)
+  const int stages = count * per_group;
   const int owned = split < count ? (count - split + splits - 1) / splits : 0;
-  const int k0 = split * kKs;
+  const int k0 = split * k_slice;
   const int ring = a.stages;
 
   const uint32_t bars = ptx::smem_addr(smem);
@@ -104,9 +104,9 @@ __global__ void __launch_bounds__(kStreamThreads, 1) stream_gemm_kernel(const St
   const uint32_t x_bar = bars + 8u * (2 * kStreamMaxStages);
   const uint32_t red_bar = x_bar + 8u;
   __nv_bfloat16* const y_tile = reinterpret_cast<__nv_bfloat16*>(smem + stream_y_offset());
-  float* const partials = reinterpret_cast<float*>(smem + stream_partials_offset(kKs, a.owned_max));
-  unsigned char* const xs = smem + stream_x_offset(kKs, splits, a.owned_max);
-  unsigned char* const ring_ptr = smem + stream_ring_offset(kKs, splits, a.owned_max, a.m);
+  float* const partials = reinterpret_cast<float*>(smem + stream_partials_offset(a.owned_max));
+  unsigned char* const xs = smem + stream_x_offset(splits, a.owned_max);
+  unsigned char* const ring_ptr = smem + stream_ring_offset(k_slice, splits, a.owned_max, a.m);
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0) {
@@ -115,14 +115,14 @@ __global__ void __launch_bounds__(kStreamThreads, 1) stream_gemm_kernel(const St
       ptx::mbarrier_init(empty(s), kW);  // every compute warp reads every stage
     }
     ptx::mbarrier_init(x_bar, 1);
-    // This rank reduces `owned` groups: every warp's fragments of each.
+    // This rank reduces `owned` groups: every warp's fragment of each.
     ptx::mbarrier_init(red_bar, 1);
-    ptx::mbarrier_arrive_expect_tx(red_bar, splits * kW * owned * kNt * 512);
+    if (clustered) ptx::mbarrier_arrive_expect_tx(red_bar, splits * kW * owned * 512);
     // The copy engine and the other ranks' st.async complete on these.
     ptx::fence_mbarrier_init_cluster();
   }
   __syncthreads();
-  ptx::cluster_arrive_relaxed();  // "every CTA has started" (see ptx.cuh)
+  if (clustered) ptx::cluster_arrive_relaxed();  // "every CTA has started" (see ptx.cuh)
 
   if (warp == kW) {
     // The producer. Stage i uses slot i % ring for the (i / ring)-th time;
@@ -131,21 +131,22 @@ __global__ void __launch_bounds__(kStreamThreads, 1) stream_gemm_kernel(const St
     ptx::griddep_launch_dependents();  // this warp never waits: do not hold the next grid back
     if (lane == 0) {
       const uint64_t policy = ptx::l2_policy_evict_first();
-      for (int i = 0; i < count; ++i) {
+      for (int i = 0; i < stages; ++i) {
         const int s = i % ring;
         if (i >= ring) ptx::mbarrier_wait_parity(empty(s), ((i / ring) - 1) & 1);
-        ptx::mbarrier_arrive_expect_tx(full(s), G * kKs * 2);
-        const __nv_bfloat16* src = a.w + static_cast<size_t>(g0 + i) * G * a.k + k0;
-        const uint32_t dst = ptx::smem_addr(ring_ptr + s * kStage);
+        ptx::mbarrier_arrive_expect_tx(full(s), kStreamRows * kStreamStageK * 2);
+        const __nv_bfloat16* src = a.w + static_cast<size_t>(g0 + i / per_group) * kStreamRows * a.k + k0 +
+                                   (i % per_group) * kStreamStageK;
+        const uint32_t dst = ptx::smem_addr(ring_ptr + s * kStreamStageBytes);
 #pragma unroll
-        for (int r = 0; r < G; ++r)
-          ptx::bulk_copy_g2s(dst + r * kRow, src + static_cast<size_t>(r) * a.k, kKs * 2, full(s), policy);
+        for (int r = 0; r < kStreamRows; ++r)
+          ptx::bulk_copy_g2s(dst + r * kRow, src + static_cast<size_t>(r) * a.k, kStreamStageK * 2, full(s), policy);
       }
     }
     __syncwarp();
     // Complete the cluster phase this warp arrived at, then leave: every copy
     // completes on a barrier the compute warps wait on before the CTA ends.
-    ptx::cluster_wait_acquire();
+    if (clustered) ptx::cluster_wait_acquire();
     return;
   }
 
@@ -154,59 +155,57 @@ __global__ void __launch_bounds__(kStreamThreads, 1) stream_gemm_kernel(const St
   SPARK_TRACE_WAITED();
   ptx::griddep_launch_dependents();
   const mailbox_dev::PublishTarget& pub = a.publish;
-  const int items = a.m * owned * kNt;  // 16-byte output vectors this CTA stores
+  const int items = a.m * owned;  // 16-byte output vectors this CTA stores
   uint32_t stage = 0;
   if (pub.mode != mailbox_dev::PublishTarget::kNone && threadIdx.x < items)
     stage = mailbox_dev::publish_stage(pub, threadIdx.x == 0 && blockIdx.x == 0 && split == 0);
   if (threadIdx.x == 0) {
     const uint64_t keep = ptx::l2_policy_evict_last();
-    ptx::mbarrier_arrive_expect_tx(x_bar, a.m * kKs * 2);
+    ptx::mbarrier_arrive_expect_tx(x_bar, a.m * k_slice * 2);
     for (int r = 0; r < a.m; ++r)
-      ptx::bulk_copy_g2s(ptx::smem_addr(xs + r * kRow), a.x + static_cast<size_t>(r) * a.k + k0, kKs * 2, x_bar,
+      ptx::bulk_copy_g2s(ptx::smem_addr(xs + r * x_row), a.x + static_cast<size_t>(r) * a.k + k0, k_slice * 2, x_bar,
                          keep);
   }
 
   const int g = lane >> 2, t = lane & 3;
   const int kw0 = warp * kBlocks * 128;  // this warp's first column of a stage, in bytes
-  ptx::cluster_wait_acquire();  // every rank has started and armed red_bar
+  if (clustered) ptx::cluster_wait_acquire();  // every rank has started and armed red_bar
   ptx::mbarrier_wait_parity(x_bar, 0);
   // Tokens g and g + 8 of x (zeros beyond m: they reach only unstored rows).
   const bool has_lo = g < a.m, has_hi = TILE == 16 && g + 8 < a.m;
-  const unsigned char* const x_lo = xs + g * kRow + kw0;
-  const unsigned char* const x_hi = xs + (g + 8) * kRow + kw0;
+  const unsigned char* const x_lo = xs + g * x_row + kw0;
+  const unsigned char* const x_hi = xs + (g + 8) * x_row + kw0;
 
-  for (int i = 0; i < count; ++i) {
-    const int s = i % ring;
+  float acc[kAccs][4];
+  for (int i = 0; i < stages; ++i) {
+    const int s = i % ring, part = i % per_group;
     ptx::mbarrier_wait_parity(full(s), (i / ring) & 1);
-    // This warp's quarter of the stage: rows nt 8 + g, chunks 2t, 2t + 1 of
-    // each of its blocks, into registers; then the slot is free.
-    const unsigned char* const wg = ring_ptr + s * kStage + g * kRow + kw0;
-    uint4 wv[kNt][kBlocks][2];
+    // This warp's quarter of the stage: row g, chunks 2t, 2t + 1 of each of
+    // its blocks, into registers; then the slot is free.
+    const unsigned char* const wg = ring_ptr + s * kStreamStageBytes + g * kRow + kw0;
+    uint4 wv[kBlocks][2];
 #pragma unroll
-    for (int nt = 0; nt < kNt; ++nt)
+    for (int blk = 0; blk < kBlocks; ++blk)
 #pragma unroll
-      for (int blk = 0; blk < kBlocks; ++blk)
-#pragma unroll
-        for (int v = 0; v < 2; ++v)
-          wv[nt][blk][v] = *reinterpret_cast<const uint4*>(wg + nt * 8 * kRow + blk * 128 + (2 * t + v) * 16);
+      for (int v = 0; v < 2; ++v) wv[blk][v] = *reinterpret_cast<const uint4*>(wg + blk * 128 + (2 * t + v) * 16);
     // mbarrier.arrive releases: the reads above are done before the
     // producer can see the slot free.
     __syncwarp();
     if (lane == 0) ptx::mbarrier_arrive(empty(s));
 
-    float acc[kAccs][kNt][4];
+    if (part == 0) {
 #pragma unroll
-    for (int c = 0; c < kAccs; ++c)
+      for (int c = 0; c < kAccs; ++c)
 #pragma unroll
-      for (int nt = 0; nt < kNt; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[c][nt][e] = 0.0f;
+        for (int e = 0; e < 4; ++e) acc[c][e] = 0.0f;
+    }
+    const int xoff = part * kStreamStageK * 2;
 #pragma unroll
     for (int blk = 0; blk < kBlocks; ++blk) {
       uint4 xv[2][2];
 #pragma unroll
       for (int v = 0; v < 2; ++v) {
-        const int at = blk * 128 + (2 * t + v) * 16;
+        const int at = xoff + blk * 128 + (2 * t + v) * 16;
         xv[0][v] = has_lo ? *reinterpret_cast<const uint4*>(x_lo + at) : make_uint4(0, 0, 0, 0);
         xv[1][v] = has_hi ? *reinterpret_cast<const uint4*>(x_hi + at) : make_uint4(0, 0, 0, 0);
       }
@@ -215,53 +214,53 @@ __global__ void __launch_bounds__(kStreamThreads, 1) stream_gemm_kernel(const St
         const int v = j >> 1, h = j & 1;
         const uint32_t af[4] = {stream::word(xv[0][v], 2 * h), stream::word(xv[1][v], 2 * h),
                                 stream::word(xv[0][v], 2 * h + 1), stream::word(xv[1][v], 2 * h + 1)};
-#pragma unroll
-        for (int nt = 0; nt < kNt; ++nt)
-          ptx::mma_m16n8k16_bf16(acc[j][nt], af, stream::word(wv[nt][blk][v], 2 * h),
-                                 stream::word(wv[nt][blk][v], 2 * h + 1));
+        ptx::mma_m16n8k16_bf16(acc[j], af, stream::word(wv[blk][v], 2 * h), stream::word(wv[blk][v], 2 * h + 1));
       }
     }
+    if (part != per_group - 1) continue;
 
-    // The warp's partial of group i over its columns, to the reducing rank's
-    // slot [split][warp][i / S] (st.async completes on that rank's red_bar;
-    // our own rank included, through the same path).
-    const int owner = i % splits, local = i / splits;
-    const uint32_t remote_bar = ptx::map_cluster_addr(red_bar, owner);
+    // The warp's partial of group i / per_group over its columns, to the
+    // reducing rank's slot [split][warp][group / S] (st.async completes on
+    // that rank's red_bar; our own rank included, through the same path).
+    const int group = i / per_group, owner = group % splits, local = group / splits;
+    float p[4];
 #pragma unroll
-    for (int nt = 0; nt < kNt; ++nt) {
-      float p[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) p[e] = ((acc[0][nt][e] + acc[1][nt][e]) + acc[2][nt][e]) + acc[3][nt][e];
-      const int slot = (((split * kW + warp) * a.owned_max + local) * kNt + nt) * 128 + lane * 4;
-      ptx::st_async_v4(ptx::map_cluster_addr(ptx::smem_addr(partials + slot), owner), p[0], p[1], p[2], p[3],
-                       remote_bar);
-    }
+    for (int e = 0; e < 4; ++e) p[e] = ((acc[0][e] + acc[1][e]) + acc[2][e]) + acc[3][e];
+    float* const dst = partials + ((split * kW + warp) * a.owned_max + local) * 128 + lane * 4;
+    if (clustered)
+      ptx::st_async_v4(ptx::map_cluster_addr(ptx::smem_addr(dst), owner), p[0], p[1], p[2], p[3],
+                       ptx::map_cluster_addr(red_bar, owner));
+    else
+      *reinterpret_cast<float4*>(dst) = make_float4(p[0], p[1], p[2], p[3]);
   }
   // A rank that reduces nothing may leave (st.async took its registers).
   if (owned == 0) return;
-  ptx::mbarrier_wait_parity(red_bar, 0);
-
-  // Element j of the owned fragments ([local][nt][lane][e], as the lanes held
-  // them: tokens (lane / 4) + 8 (e / 2), rows nt 8 + 2 (lane % 4) + e % 2):
-  // the 4 S warp partials in K order, rounded once.
   constexpr int kThreads = kW * 32;
-  const int y_stride = a.owned_max * G;
-  const int partial_stride = a.owned_max * kNt * 128;
-  for (int j = threadIdx.x; j < owned * kNt * 128; j += kThreads) {
-    const int e = j & 3, ln = (j >> 2) & 31, nt = (j >> 7) % kNt, lt = (j >> 7) / kNt;
+  if (clustered)
+    ptx::mbarrier_wait_parity(red_bar, 0);
+  else
+    ptx::named_barrier_sync(1, kThreads);
+
+  // Element j of the owned fragments ([local][lane][e], as the lanes held
+  // them: tokens (lane / 4) + 8 (e / 2), rows 2 (lane % 4) + e % 2): the
+  // 4 S warp partials in K order, rounded once.
+  const int y_stride = a.owned_max * kStreamRows;
+  const int partial_stride = a.owned_max * 128;
+  for (int j = threadIdx.x; j < owned * 128; j += kThreads) {
+    const int e = j & 3, ln = (j >> 2) & 31, lt = j >> 7;
     const int token = (ln >> 2) + (e >> 1) * 8;
     if (token >= a.m) continue;
     float sum = partials[j];
     for (int q = 1; q < splits * kW; ++q) sum += partials[q * partial_stride + j];
-    y_tile[token * y_stride + lt * G + nt * 8 + 2 * (ln & 3) + (e & 1)] = __float2bfloat16_rn(sum);
+    y_tile[token * y_stride + lt * kStreamRows + 2 * (ln & 3) + (e & 1)] = __float2bfloat16_rn(sum);
   }
   ptx::named_barrier_sync(1, kThreads);
 
-  // Item (token, local group, n-tile): 8 features of one token, one 16-byte vector.
+  // Item (token, local group): 8 features of one token, one 16-byte vector.
   for (int item = threadIdx.x; item < items; item += kThreads) {
-    const int token = item / (owned * kNt), c = item % (owned * kNt), lt = c / kNt, nt = c % kNt;
-    const int col = (g0 + lt * splits + split) * G + nt * 8;
-    const uint4 y = *reinterpret_cast<const uint4*>(y_tile + token * y_stride + lt * G + nt * 8);
+    const int token = item / owned, lt = item % owned;
+    const int col = (g0 + lt * splits + split) * kStreamRows;
+    const uint4 y = *reinterpret_cast<const uint4*>(y_tile + token * y_stride + lt * kStreamRows);
     *reinterpret_cast<uint4*>(a.out + static_cast<size_t>(token) * a.n + col) = y;
     if (pub.mode == mailbox_dev::PublishTarget::kNone) continue;
     // The fused publish: exactly what the mailbox's own publisher stores.

@@ -52,12 +52,12 @@ StreamFn stream_kernel(int m) {
   return stream_tile(m) == 16 ? kernels::stream_gemm_kernel<16> : kernels::stream_gemm_kernel<8>;
 }
 
-kernels::LaunchShape stream_launch_shape(const PoolerStreamShape& s, int k, int m, int clusters, int owned_max,
-                                         int stages, bool pdl) {
+kernels::LaunchShape stream_launch_shape(const PoolerStreamShape& s, int k, int m, int clusters, int stages,
+                                         bool pdl) {
   kernels::LaunchShape shape;
   shape.grid = dim3(clusters, s.splits);
   shape.block = dim3(kernels::kStreamThreads);
-  shape.smem_bytes = kernels::stream_smem_bytes(k / s.splits, s.splits, owned_max, m, stages);
+  shape.smem_bytes = kernels::stream_smem_bytes(k / s.splits, m, stages);
   shape.cluster_y = s.splits;
   shape.enable_pdl = pdl;
   return shape;
@@ -76,7 +76,7 @@ PoolerGemm::StreamLaunch PoolerGemm::prepare_stream(const PoolerStreamShape& s, 
   const int limit = std::min(optin, kernels::kMaxSmemPerBlock);
   const StreamFn fn = stream_kernel(m);
   CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, limit));
-  kernels::LaunchShape probe = stream_launch_shape(s, k_, m, 1, 1, kernels::kStreamMinStages, false);
+  kernels::LaunchShape probe = stream_launch_shape(s, k_, m, 1, kernels::kStreamMinStages, false);
   probe.smem_bytes = limit;  // every launch fills the shared memory: one CTA per SM
   int resident = 0;
   if (s.splits > 1) {
@@ -88,10 +88,10 @@ PoolerGemm::StreamLaunch PoolerGemm::prepare_stream(const PoolerStreamShape& s, 
   SPARK_CHECK_RUNTIME(resident > 0, "pooler GEMM: ", s.to_string(), ": no cluster of ", s.splits,
                       " CTAs fits on cuda:", device_);
   StreamLaunch l;
-  l.per = (groups + std::min(resident, groups) - 1) / std::min(resident, groups);
+  l.per = std::min(kernels::kStreamMaxPer, (groups + std::min(resident, groups) - 1) / std::min(resident, groups));
   l.clusters = (groups + l.per - 1) / l.per;
   l.owned_max = (l.per + s.splits - 1) / s.splits;
-  l.stages = kernels::stream_stages(k_slice, s.splits, l.owned_max, m, limit);
+  l.stages = kernels::stream_stages(k_slice, m, limit);
   SPARK_CHECK_RUNTIME(l.stages >= kernels::kStreamMinStages, "pooler GEMM: ", s.to_string(), " at m = ", m, " fits ",
                       l.stages, " weight stages in cuda:", device_, "'s shared memory");
   return l;
@@ -115,7 +115,7 @@ void launch_stream(const PoolerStreamShape& s, const Launch& l, const void* w, c
   args.owned_max = l.owned_max;
   if (publish_into) args.publish = publish_target(*publish_into);
   kernels::launch(stream_kernel(m),
-                  stream_launch_shape(s, k, m, l.clusters, l.owned_max, l.stages, enable_pdl), stream, args);
+                  stream_launch_shape(s, k, m, l.clusters, l.stages, enable_pdl), stream, args);
 }
 
 bool aligned16(const void* p) { return p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 == 0; }

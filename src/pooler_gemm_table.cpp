@@ -94,7 +94,7 @@ std::optional<std::string> pooler_stream_unsupported(int n, int k, int m, const 
                           " (", name, ")");
   if (n <= 0 || n % kernels::kStreamRows)
     return detail::concat("pooler GEMM: N = ", n, " is not a positive multiple of ", kernels::kStreamRows);
-  if (kernels::stream_stages(k / s.splits, s.splits, 1, m, kernels::kMaxSmemPerBlock) < kernels::kStreamMinStages)
+  if (kernels::stream_stages(k / s.splits, m, kernels::kMaxSmemPerBlock) < kernels::kStreamMinStages)
     return detail::concat("pooler GEMM: ", name, ": x [", m, ", ", k / s.splits, "] leaves no room for ",
                           kernels::kStreamMinStages, " weight stages in shared memory");
   return std::nullopt;

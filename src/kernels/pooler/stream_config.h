@@ -29,26 +29,25 @@ inline constexpr int kStreamHeaderBytes = 256;
 // quarter-warp reads sit in different banks.
 SPARK_STREAM_HD constexpr int stream_row_bytes(int cols) { return cols * 2 + 16; }
 inline constexpr int kStreamStageBytes = kStreamRows * (kStreamStageK * 2 + 16);
-// Shared memory layout: header | y [16 tokens][owned_max 8] BF16 | partials
-// [splits][kStreamWarps][owned_max][32 lanes][4] FP32 | x [m][k_slice + 8]
-// BF16 | ring.
+// Row groups a cluster owns at most: the partial buffer below has a fixed
+// size, so that whether a batch fits never depends on the GPU's SM count
+// (more groups than clusters x kStreamMaxPer: a second wave, slower, right).
+inline constexpr int kStreamMaxPer = 8;
+// Shared memory layout: header | y [16 tokens][kStreamMaxPer 8] BF16 |
+// partials [splits][kStreamWarps][owned_max][32 lanes][4] FP32 (owned_max =
+// ceil(per / splits) <= kStreamMaxPer / splits) | x [m][k_slice + 8] BF16 |
+// ring.
 SPARK_STREAM_HD constexpr int stream_y_offset() { return kStreamHeaderBytes; }
-SPARK_STREAM_HD constexpr int stream_partials_offset(int owned_max) {
-  return stream_y_offset() + 16 * owned_max * kStreamRows * 2;
-}
-SPARK_STREAM_HD constexpr int stream_x_offset(int splits, int owned_max) {
-  return stream_partials_offset(owned_max) + splits * kStreamWarps * owned_max * 512;
-}
-SPARK_STREAM_HD constexpr int stream_ring_offset(int k_slice, int splits, int owned_max, int m) {
-  return stream_x_offset(splits, owned_max) + m * stream_row_bytes(k_slice);
-}
-SPARK_STREAM_HD constexpr int stream_smem_bytes(int k_slice, int splits, int owned_max, int m, int stages) {
-  return stream_ring_offset(k_slice, splits, owned_max, m) + stages * kStreamStageBytes;
+SPARK_STREAM_HD constexpr int stream_partials_offset() { return stream_y_offset() + 16 * kStreamMaxPer * kStreamRows * 2; }
+SPARK_STREAM_HD constexpr int stream_x_offset() { return stream_partials_offset() + kStreamWarps * kStreamMaxPer * 512; }
+SPARK_STREAM_HD constexpr int stream_ring_offset(int k_slice, int m) { return stream_x_offset() + m * stream_row_bytes(k_slice); }
+SPARK_STREAM_HD constexpr int stream_smem_bytes(int k_slice, int m, int stages) {
+  return stream_ring_offset(k_slice, m) + stages * kStreamStageBytes;
 }
 // The deepest ring that fits `smem_limit` (may be below kStreamMinStages:
 // then the shape cannot run).
-SPARK_STREAM_HD constexpr int stream_stages(int k_slice, int splits, int owned_max, int m, int smem_limit) {
-  const int left = smem_limit - stream_ring_offset(k_slice, splits, owned_max, m);
+SPARK_STREAM_HD constexpr int stream_stages(int k_slice, int m, int smem_limit) {
+  const int left = smem_limit - stream_ring_offset(k_slice, m);
   const int stages = left < 0 ? 0 : left / kStreamStageBytes;
   return stages > kStreamMaxStages ? kStreamMaxStages : stages;
 }

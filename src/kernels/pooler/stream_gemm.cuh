@@ -63,7 +63,7 @@ struct StreamGemmArgs {
   __nv_bfloat16* out;      // [m, n]
   int n, k, m;
   int stages;     // ring depth, kStreamMinStages..kStreamMaxStages
-  int per;        // row groups per cluster
+  int per;        // row groups per cluster, <= kStreamMaxPer
   int owned_max;  // ceil(per / S): groups one rank reduces at most
   mailbox_dev::PublishTarget publish;  // the fused publish (as PoolerGemmArgs::publish)
 };
@@ -104,9 +104,9 @@ __global__ void __launch_bounds__(kStreamThreads, 1) stream_gemm_kernel(const St
   const uint32_t x_bar = bars + 8u * (2 * kStreamMaxStages);
   const uint32_t red_bar = x_bar + 8u;
   __nv_bfloat16* const y_tile = reinterpret_cast<__nv_bfloat16*>(smem + stream_y_offset());
-  float* const partials = reinterpret_cast<float*>(smem + stream_partials_offset(a.owned_max));
-  unsigned char* const xs = smem + stream_x_offset(splits, a.owned_max);
-  unsigned char* const ring_ptr = smem + stream_ring_offset(k_slice, splits, a.owned_max, a.m);
+  float* const partials = reinterpret_cast<float*>(smem + stream_partials_offset());
+  unsigned char* const xs = smem + stream_x_offset();
+  unsigned char* const ring_ptr = smem + stream_ring_offset(k_slice, a.m);
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0) {

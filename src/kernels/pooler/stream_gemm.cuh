@@ -135,8 +135,9 @@ __global__ void __launch_bounds__(kStreamThreads, 1) stream_gemm_kernel(const St
         const int s = i % ring;
         if (i >= ring) ptx::mbarrier_wait_parity(empty(s), ((i / ring) - 1) & 1);
         ptx::mbarrier_arrive_expect_tx(full(s), kStreamRows * kStreamStageK * 2);
-        const __nv_bfloat16* src = a.w + static_cast<size_t>(g0 + i / per_group) * kStreamRows * a.k + k0 +
-                                   (i % per_group) * kStreamStageK;
+        const int group = g0 + i / per_group, part = (i + group) % per_group;
+        const __nv_bfloat16* src =
+            a.w + static_cast<size_t>(group) * kStreamRows * a.k + k0 + part * kStreamStageK;
         const uint32_t dst = ptx::smem_addr(ring_ptr + s * kStreamStageBytes);
 #pragma unroll
         for (int r = 0; r < kStreamRows; ++r)
@@ -178,7 +179,12 @@ __global__ void __launch_bounds__(kStreamThreads, 1) stream_gemm_kernel(const St
 
   float acc[kAccs][4];
   for (int i = 0; i < stages; ++i) {
-    const int s = i % ring, part = i % per_group;
+    // Group g0 + i / per_group's stages start at part (g0 + i / per_group) %
+    // per_group: CTAs that run in step read different column ranges of
+    // their rows (the same offsets in every CTA would load the same DRAM
+    // channels together). The order is fixed per group, not per launch.
+    const int s = i % ring, first = i % per_group == 0, last = i % per_group == per_group - 1;
+    const int part = (i + g0 + i / per_group) % per_group;
     ptx::mbarrier_wait_parity(full(s), (i / ring) & 1);
     // This warp's quarter of the stage: row g, chunks 2t, 2t + 1 of each of
     // its blocks, into registers; then the slot is free.
@@ -193,7 +199,7 @@ __global__ void __launch_bounds__(kStreamThreads, 1) stream_gemm_kernel(const St
     __syncwarp();
     if (lane == 0) ptx::mbarrier_arrive(empty(s));
 
-    if (part == 0) {
+    if (first) {
 #pragma unroll
       for (int c = 0; c < kAccs; ++c)
 #pragma unroll
@@ -217,7 +223,7 @@ __global__ void __launch_bounds__(kStreamThreads, 1) stream_gemm_kernel(const St
         ptx::mma_m16n8k16_bf16(acc[j], af, stream::word(wv[blk][v], 2 * h), stream::word(wv[blk][v], 2 * h + 1));
       }
     }
-    if (part != per_group - 1) continue;
+    if (!last) continue;
 
     // The warp's partial of group i / per_group over its columns, to the
     // reducing rank's slot [split][warp][group / S] (st.async completes on

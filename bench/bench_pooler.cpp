@@ -78,9 +78,8 @@ void gemm_sweep(const PoolerBenchOptions& o, Report& report, cudaStream_t stream
           const std::string variant = (name == "table" ? "table=" + gemms[0].choice(b).to_string() : name);
           report.records.push_back(
               {"pooler_gemm", "spark", variant, pdl ? "pdl_chain" : "graph", tp, b, n, k, us, floor});
-          std::printf("        %-52s %-9s %6.2f us  %.2fx cublas, %3.0f%% of floor  %s\n", variant.c_str(),
-                      pdl ? "pdl_chain" : "graph", us, blas_us / us, 100 * floor / us,
-                      gemms[0].choice(b).engine == PoolerGemmEngine::stream ? gemms[0].describe(b).c_str() : "");
+          std::printf("        %-52s %-9s %6.2f us  %.2fx cublas, %3.0f%% of floor\n", variant.c_str(),
+                      pdl ? "pdl_chain" : "graph", us, blas_us / us, 100 * floor / us);
         }
       }
     }

@@ -13,8 +13,8 @@ struct PoolerBenchOptions {
   std::vector<int> bs{1, 4, 8, 16};
   int repeats = 20;
   bool gemm_only = false;  // `tune pooler`: the GEMM sweep alone
-  // The GEMM sweep's engines by name prefix ("table", "mma", "skinny",
-  // "stream"); empty: all.
+  // The GEMM sweep's engines by name prefix ("table", "mma", "skinny");
+  // empty: all.
   std::vector<std::string> engines;
   std::string out_dir;
   // Non-empty: also record one replay of the Pooler.run graph and of the

@@ -1,13 +1,10 @@
 // The pooler GEMM: kernel selection, validation and launch of the skinny
-// GEMM and of the stream engine, and the engine choice per batch (skinny,
-// the Unpooler's MMA engine, or stream).
+// GEMM, and the engine choice per batch (skinny or the Unpooler's MMA engine).
 #include <algorithm>
 
 #include "cuda_utils.h"
 #include "kernels/common/launch.cuh"
 #include "kernels/pooler/skinny_gemm.cuh"
-#include "kernels/pooler/stream_gemm.cuh"
-#include "kernels/unpooler/unpooler_config.h"
 #include "publish_target.cuh"
 #include "spark_decode/error.h"
 #include "spark_decode/mailbox.h"
@@ -40,82 +37,6 @@ SkinnyFn skinny_kernel(const PoolerGemmShape& s, int m) {
   if (s == PoolerGemmShape{512, 2, 2}) return pick_tile<512, 2, 2>(tile);
   if (s == PoolerGemmShape{512, 4, 2}) return pick_tile<512, 4, 2>(tile);
   return nullptr;
-}
-
-// ---- the stream engine ----------------------------------------------------
-
-using StreamFn = void (*)(kernels::StreamGemmArgs);
-
-int stream_tile(int m) { return m <= 8 ? 8 : 16; }
-
-StreamFn stream_kernel(int m) {
-  return stream_tile(m) == 16 ? kernels::stream_gemm_kernel<16> : kernels::stream_gemm_kernel<8>;
-}
-
-kernels::LaunchShape stream_launch_shape(const PoolerStreamShape& s, int k, int m, int clusters, int stages,
-                                         bool pdl) {
-  kernels::LaunchShape shape;
-  shape.grid = dim3(clusters, s.splits);
-  shape.block = dim3(kernels::kStreamThreads);
-  shape.smem_bytes = kernels::stream_smem_bytes(k / s.splits, m, stages);
-  shape.cluster_y = s.splits;
-  shape.enable_pdl = pdl;
-  return shape;
-}
-
-}  // namespace
-
-// can_implement for one batch, and its launch: as many clusters as the GPU
-// holds at once (one CTA per SM; a second wave would double the time), the
-// row groups spread evenly over them, the deepest ring that fits beside x.
-PoolerGemm::StreamLaunch PoolerGemm::prepare_stream(const PoolerStreamShape& s, int m) const {
-  const int k_slice = k_ / s.splits, groups = n_ / kernels::kStreamRows;
-  int optin = 0, sms = 0;
-  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
-  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_));
-  const int limit = std::min(optin, kernels::kMaxSmemPerBlock);
-  const StreamFn fn = stream_kernel(m);
-  CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, limit));
-  kernels::LaunchShape probe = stream_launch_shape(s, k_, m, 1, kernels::kStreamMinStages, false);
-  probe.smem_bytes = limit;  // every launch fills the shared memory: one CTA per SM
-  int resident = 0;
-  if (s.splits > 1) {
-    resident = kernels::max_active_clusters(fn, probe);
-  } else {
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, fn, kernels::kStreamThreads, limit));
-    resident *= sms;
-  }
-  SPARK_CHECK_RUNTIME(resident > 0, "pooler GEMM: ", s.to_string(), ": no cluster of ", s.splits,
-                      " CTAs fits on cuda:", device_);
-  StreamLaunch l;
-  l.per = std::min(kernels::kStreamMaxPer, (groups + std::min(resident, groups) - 1) / std::min(resident, groups));
-  l.clusters = (groups + l.per - 1) / l.per;
-  l.owned_max = (l.per + s.splits - 1) / s.splits;
-  l.stages = kernels::stream_stages(k_slice, m, limit);
-  SPARK_CHECK_RUNTIME(l.stages >= kernels::kStreamMinStages, "pooler GEMM: ", s.to_string(), " at m = ", m, " fits ",
-                      l.stages, " weight stages in cuda:", device_, "'s shared memory");
-  return l;
-}
-
-namespace {
-
-template <typename Launch>  // PoolerGemm::StreamLaunch
-void launch_stream(const PoolerStreamShape& s, const Launch& l, const void* w, const void* x,
-                   void* out, int n, int k, int m, cudaStream_t stream, bool enable_pdl,
-                   const LamportMailbox* publish_into) {
-  kernels::StreamGemmArgs args{};
-  args.w = static_cast<const __nv_bfloat16*>(w);
-  args.x = static_cast<const __nv_bfloat16*>(x);
-  args.out = static_cast<__nv_bfloat16*>(out);
-  args.n = n;
-  args.k = k;
-  args.m = m;
-  args.stages = l.stages;
-  args.per = l.per;
-  args.owned_max = l.owned_max;
-  if (publish_into) args.publish = publish_target(*publish_into);
-  kernels::launch(stream_kernel(m),
-                  stream_launch_shape(s, k, m, l.clusters, l.stages, enable_pdl), stream, args);
 }
 
 bool aligned16(const void* p) { return p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -195,18 +116,12 @@ PoolerGemm::PoolerGemm(const TensorRef& weight, int tp, Options options)
       mma_publish_ = std::make_unique<Unpooler>(weight, uo);
     }
   }
-  // Load the skinny kernels now: never lazily under capture; the stream
-  // engine's attributes and launches too.
-  stream_launch_.assign(kPoolerMaxBatch, {});
-  for (int b : batches) {
-    const PoolerGemmChoice& c = *choice_[b - 1];
-    if (c.engine == PoolerGemmEngine::skinny) {
+  // Load the skinny kernels now: never lazily under capture.
+  for (int b : batches)
+    if (choice_[b - 1]->engine == PoolerGemmEngine::skinny) {
       cudaFuncAttributes attrs;
-      CUDA_CHECK(cudaFuncGetAttributes(&attrs, skinny_kernel(c.shape, b)));
-    } else if (c.engine == PoolerGemmEngine::stream) {
-      stream_launch_[b - 1] = prepare_stream(c.stream_shape, b);
+      CUDA_CHECK(cudaFuncGetAttributes(&attrs, skinny_kernel(choice_[b - 1]->shape, b)));
     }
-  }
 }
 
 PoolerGemm::~PoolerGemm() = default;
@@ -225,19 +140,8 @@ void PoolerGemm::launch(const void* x, void* out, int m, cudaStream_t stream, bo
   detail::require_current_device(device_, "the pooler GEMM");
   if (c.engine == PoolerGemmEngine::mma)
     (publish ? mma_publish_ : mma_)->run(x, out, m, stream);
-  else if (c.engine == PoolerGemmEngine::stream)
-    launch_stream(c.stream_shape, stream_launch_[m - 1], weight_, x, out, n_, k_, m, stream, enable_pdl_,
-                  publish ? mailbox_ : nullptr);
   else
     launch_skinny(c.shape, weight_, x, out, n_, k_, m, stream, enable_pdl_, publish ? mailbox_ : nullptr);
-}
-
-std::string PoolerGemm::describe(int m) const {
-  const PoolerGemmChoice c = choice(m);
-  if (c.engine != PoolerGemmEngine::stream) return c.to_string();
-  const StreamLaunch& l = stream_launch_[m - 1];
-  return detail::concat(c.to_string(), " [", l.clusters, " clusters x ", c.stream_shape.splits, ", ", l.per,
-                        " groups each, ring ", l.stages, "]");
 }
 
 void PoolerGemm::run(const void* x, void* out, int m, cudaStream_t stream) const {

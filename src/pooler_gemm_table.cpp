@@ -2,8 +2,6 @@
 // and are tested on machines without a GPU).
 #include <sstream>
 
-#include "kernels/pooler/stream_config.h"
-#include "kernels/unpooler/unpooler_config.h"
 #include "spark_decode/error.h"
 #include "spark_decode/model_shape.h"
 #include "spark_decode/pooler_gemm.h"
@@ -17,26 +15,12 @@ std::string PoolerGemmShape::to_string() const {
   return os.str();
 }
 
-std::string PoolerStreamShape::to_string() const {
-  std::ostringstream os;
-  os << "stream(splits=" << splits << ")";
-  return os.str();
-}
-
 const char* engine_name(PoolerGemmEngine engine) {
-  switch (engine) {
-    case PoolerGemmEngine::skinny: return "skinny";
-    case PoolerGemmEngine::mma: return "mma";
-    default: return "stream";
-  }
+  return engine == PoolerGemmEngine::skinny ? "skinny" : "mma";
 }
 
 std::string PoolerGemmChoice::to_string() const {
-  switch (engine) {
-    case PoolerGemmEngine::skinny: return shape.to_string();
-    case PoolerGemmEngine::mma: return "mma(Unpooler engine)";
-    default: return stream_shape.to_string();
-  }
+  return engine == PoolerGemmEngine::skinny ? shape.to_string() : std::string("mma(Unpooler engine)");
 }
 
 const std::vector<PoolerGemmShape>& pooler_gemm_shapes() {
@@ -76,36 +60,9 @@ std::optional<std::string> pooler_gemm_unsupported(int n, int k, int m, const Po
   return std::nullopt;
 }
 
-const std::vector<PoolerStreamShape>& pooler_stream_shapes() {
-  // splits 1 (no cluster; x's whole row in shared memory: small batches), 2
-  // and 4 (clusters: fewer CTAs fit at once, bench/NOTES.md).
-  static const std::vector<PoolerStreamShape> shapes = {{1}, {2}, {4}};
-  return shapes;
-}
-
-std::optional<std::string> pooler_stream_unsupported(int n, int k, int m, const PoolerStreamShape& s) {
-  const std::string name = s.to_string();
-  if (s.splits != 1 && s.splits != 2 && s.splits != 4 && s.splits != 8)
-    return detail::concat("pooler GEMM: ", name, ": splits must be 1, 2, 4 or 8");
-  if (m < 1 || m > kPoolerMaxBatch)
-    return detail::concat("pooler GEMM: m = ", m, " outside [1, ", kPoolerMaxBatch, "]");
-  if (k <= 0 || k % (s.splits * kernels::kStreamStageK))
-    return detail::concat("pooler GEMM: K = ", k, " is not a positive multiple of splits * ", kernels::kStreamStageK,
-                          " (", name, ")");
-  if (n <= 0 || n % kernels::kStreamRows)
-    return detail::concat("pooler GEMM: N = ", n, " is not a positive multiple of ", kernels::kStreamRows);
-  if (kernels::stream_stages(k / s.splits, m, kernels::kMaxSmemPerBlock) < kernels::kStreamMinStages)
-    return detail::concat("pooler GEMM: ", name, ": x [", m, ", ", k / s.splits, "] leaves no room for ",
-                          kernels::kStreamMinStages, " weight stages in shared memory");
-  return std::nullopt;
-}
-
 std::optional<std::string> pooler_choice_unsupported(int n, int k, int m, const PoolerGemmChoice& c) {
-  switch (c.engine) {
-    case PoolerGemmEngine::skinny: return pooler_gemm_unsupported(n, k, m, c.shape);
-    case PoolerGemmEngine::stream: return pooler_stream_unsupported(n, k, m, c.stream_shape);
-    default: return std::nullopt;
-  }
+  if (c.engine == PoolerGemmEngine::skinny) return pooler_gemm_unsupported(n, k, m, c.shape);
+  return std::nullopt;
 }
 
 std::vector<PoolerGemmChoice> pooler_gemm_candidates() {
@@ -116,12 +73,6 @@ std::vector<PoolerGemmChoice> pooler_gemm_candidates() {
   c.engine = PoolerGemmEngine::skinny;
   for (const auto& s : pooler_gemm_shapes()) {
     c.shape = s;
-    out.push_back(c);
-  }
-  c = PoolerGemmChoice{};
-  c.engine = PoolerGemmEngine::stream;
-  for (const auto& s : pooler_stream_shapes()) {
-    c.stream_shape = s;
     out.push_back(c);
   }
   return out;

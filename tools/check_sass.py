@@ -32,9 +32,6 @@ KERNELS = {
     # grid, is read with plain loads, so any other load before it is a bug.
     "15unpooler_kernel": (2, True),
     "18skinny_gemm_kernel": (2, True),
-    # The stream engine's weights go through the copy engine (its producer
-    # warp never waits); its compute warps read nothing before the wait.
-    "18stream_gemm_kernel": (0, False),
     # The fused consumer reads its norm weight (a parameter) before the wait.
     "24norm_quant_gather_kernel": (2, False),
     # The mailbox's own kernels read nothing before it.

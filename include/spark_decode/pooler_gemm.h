@@ -3,16 +3,13 @@
 //   out[m, N] = x[m, K] @ W[N, K]^T      BF16 in and out, FP32 accumulation
 //
 // W this rank's [P / tp, H] rows of the pooler weight (N = P / tp, K = H),
-// 1 <= m <= 16. Three engines, chosen per (tp, b) by a tactic table:
+// 1 <= m <= 16. Two engines, chosen per (tp, b) by a tactic table:
 //   skinny  our skinny GEMM (src/kernels/pooler/skinny_gemm.cuh) at a launch
 //           shape (block_size, outputs_per_block, k_unroll) (the seed's);
 //   mma     the Unpooler's split-K tensor-core engine (spark_decode::Unpooler
-//           used as a GEMM over this weight);
-//   stream  tensor cores fed by the copy engine through a ring of shared-
-//           memory stages, persistent CTAs (one per SM) in clusters over K
-//           (src/kernels/pooler/stream_gemm.cuh) at a shape (splits).
-// Each is bitwise reproducible and batch invariant for a fixed engine and
-// shape (SPEC §5); the engines sum in different orders, so their results
+//           used as a GEMM over this weight).
+// Both are bitwise reproducible and batch invariant for a fixed engine and
+// shape (SPEC §5); the two engines sum in different orders, so their results
 // differ in the last bits, and a row's result depends on which engine the
 // table picks for the batch size it runs at. The Pooler uses one engine per
 // b (see Pooler).
@@ -22,14 +19,12 @@
 //        capability 9.0+ (RuntimeError below); N % outputs_per_block == 0
 //        and K % (8 block_size k_unroll) == 0 for a skinny shape; the
 //        Unpooler's own conditions for mma (Unpooler::unsupported);
-//        pooler_stream_unsupported for a stream shape;
 //   x    BF16 [m, K] contiguous 16-byte aligned on W's device;
 //   out  BF16 [m, N] contiguous 16-byte aligned on W's device, not
 //        overlapping x; m one of the batches prepared at construction.
 // W is read before griddepcontrol.wait (programmatic dependent launch), x
-// after (the stream engine's copy engine reads W before it too). run() may
-// not allocate, synchronise or prepare a kernel; it is CUDA-graph capturable
-// (one kernel). Construction prepares every kernel.
+// after. run() may not allocate, synchronise or prepare a kernel; it is
+// CUDA-graph capturable (one kernel).
 //
 // Fused publish (Options::mailbox; what Pooler::run uses): run_publish()
 // also writes out into this rank's slot of every rank's copy of the mailbox
@@ -66,22 +61,12 @@ struct PoolerGemmShape {
   bool operator==(const PoolerGemmShape&) const = default;
 };
 
-// Launch shape of the stream engine: `splits` CTAs over K (a cluster when
-// > 1; K a multiple of 2048 splits), one CTA per SM, x's K slice of every
-// token in shared memory.
-struct PoolerStreamShape {
-  int splits = 4;  // 1, 2, 4 or 8
-  std::string to_string() const;
-  bool operator==(const PoolerStreamShape&) const = default;
-};
-
-enum class PoolerGemmEngine { skinny, mma, stream };
+enum class PoolerGemmEngine { skinny, mma };
 const char* engine_name(PoolerGemmEngine engine);
 
 struct PoolerGemmChoice {
   PoolerGemmEngine engine = PoolerGemmEngine::skinny;
-  PoolerGemmShape shape;          // for skinny
-  PoolerStreamShape stream_shape;  // for stream
+  PoolerGemmShape shape;  // for skinny
   std::string to_string() const;
 };
 
@@ -89,16 +74,11 @@ struct PoolerGemmChoice {
 const std::vector<PoolerGemmShape>& pooler_gemm_shapes();
 // Why the skinny GEMM cannot run [n, k] at `shape` for m rows, or nullopt.
 std::optional<std::string> pooler_gemm_unsupported(int n, int k, int m, const PoolerGemmShape& shape);
-// The stream shapes offered (each with kernels for 8- and 16-token tiles).
-const std::vector<PoolerStreamShape>& pooler_stream_shapes();
-// Why the stream engine cannot run [n, k] at `shape` for m rows, or nullopt
-// (whether the GPU holds one cluster is checked at construction).
-std::optional<std::string> pooler_stream_unsupported(int n, int k, int m, const PoolerStreamShape& shape);
 // Every engine at every shape it offers, mma first (for tests, benchmarks
 // and tuning: what `Options::force` can name).
 std::vector<PoolerGemmChoice> pooler_gemm_candidates();
-// Why `choice` cannot serve [n, k] at m rows, or nullopt (mma: nullopt;
-// the Unpooler checks its own at construction).
+// Why `choice` cannot serve [n, k] at m rows, or nullopt (mma: nullopt; the
+// Unpooler checks its own conditions at construction).
 std::optional<std::string> pooler_choice_unsupported(int n, int k, int m, const PoolerGemmChoice& choice);
 
 // The tactic table: for the model's shapes (N = P / tp, K = H) the entry of
@@ -139,8 +119,6 @@ class PoolerGemm {
 
   // The engine that serves batch m (m must be prepared).
   PoolerGemmChoice choice(int m) const;
-  // choice(m), and for the stream engine the launch this GPU gets (for logs).
-  std::string describe(int m) const;
   int n() const { return n_; }
   int k() const { return k_; }
   int device() const { return device_; }
@@ -153,15 +131,8 @@ class PoolerGemm {
   std::unique_ptr<Unpooler> mma_;
   LamportMailbox* mailbox_ = nullptr;
   std::unique_ptr<Unpooler> mma_publish_;  // the MMA engine publishing into mailbox_
-  // The stream engine's launch by m - 1: clusters, row groups per cluster,
-  // groups one rank reduces at most, ring depth (set at construction).
-  struct StreamLaunch {
-    int clusters = 0, per = 0, owned_max = 0, stages = 0;
-  };
-  std::vector<StreamLaunch> stream_launch_;
 
   void launch(const void* x, void* out, int m, cudaStream_t stream, bool publish) const;
-  StreamLaunch prepare_stream(const PoolerStreamShape& shape, int m) const;
 };
 
 // One launch of the skinny GEMM at `shape` (validated; for benchmarks and

@@ -137,3 +137,18 @@ TEST(PoolerGemmShapes, TableCoversEveryModelShapeAndBatch) {
   EXPECT_EQ(sd::pooler_gemm_choice(64, 4096, 2, 3).engine, sd::PoolerGemmEngine::mma);
   EXPECT_NE(sd::format_pooler_gemm_table().find("tp 8"), std::string::npos);
 }
+
+TEST(PoolerGemmShapes, CandidatesNameEveryEngineAndShapeOnce) {
+  const auto all = sd::pooler_gemm_candidates();
+  ASSERT_EQ(all.size(), 1 + sd::pooler_gemm_shapes().size());
+  EXPECT_EQ(all.front().engine, sd::PoolerGemmEngine::mma);
+  for (size_t i = 1; i < all.size(); ++i) {
+    EXPECT_EQ(all[i].engine, sd::PoolerGemmEngine::skinny);
+    EXPECT_EQ(all[i].shape, sd::pooler_gemm_shapes()[i - 1]);
+  }
+  // The skinny shape's own reasons; the MMA engine's are the Unpooler's, at construction.
+  const auto skinny = all[1];
+  EXPECT_EQ(sd::pooler_choice_unsupported(2049, 8192, 1, skinny), sd::pooler_gemm_unsupported(2049, 8192, 1, skinny.shape));
+  EXPECT_TRUE(sd::pooler_choice_unsupported(2049, 8192, 1, skinny));  // N odd
+  EXPECT_FALSE(sd::pooler_choice_unsupported(2049, 8192, 1, all.front()));
+}

@@ -181,7 +181,7 @@ inline uint64_t fresh_seed(const char* what) {
 }
 
 // The batches of `candidates` that `engine` (nullopt: the table) can serve
-// at [n, k] (a stream shape's ring may not fit beside 16 rows of x).
+// at [n, k].
 inline std::vector<int> servable(const std::optional<PoolerGemmChoice>& engine, int n, int k,
                                  const std::vector<int>& candidates) {
   std::vector<int> out;

@@ -263,40 +263,6 @@ TEST(PoolerGemm, EverySkinnyShapeIsAccurateReproducibleAndBatchInvariant) {
   }
 }
 
-TEST(PoolerGemm, EveryStreamShapeIsAccurateReproducibleAndBatchInvariant) {
-  SKIP_WITHOUT_GPU(1);
-  const uint64_t seed = fresh_seed("stream gemm");
-  for (const auto& shape : sd::pooler_stream_shapes()) {
-    sd::PoolerGemmChoice c;
-    c.engine = sd::PoolerGemmEngine::stream;
-    c.stream_shape = shape;
-    // One and two stages per group (K / splits = 2048, 4096); at N = 2048
-    // a CTA streams 2-8 stages per ring slot, so the ring wraps and slots
-    // are refilled after their release.
-    const int n = 2048;
-    for (int k : {2048 * shape.splits, 4096 * shape.splits}) {
-      try {
-        const std::vector<int> ms = servable(c, n, k, all_batches());
-        std::optional<sd::PoolerGemm> on, off;  // one per weight pointer the checks pass
-        gemm_checks(c.to_string() + " k " + std::to_string(k), ms, n, k, seed + k,
-                    [&](const void* w, const void* x, void* out, int m, bool pdl) {
-                      auto& g = pdl ? on : off;
-                      if (!g) {
-                        sd::PoolerGemm::Options o;
-                        o.force = c;
-                        o.batches = ms;
-                        o.enable_pdl = pdl;
-                        g.emplace(sd::TensorRef::contiguous(w, sd::DType::bf16, {n, k}, 0), 1, o);
-                      }
-                      g->run(x, out, m, nullptr);
-                    });
-      } catch (const std::exception& e) {
-        ADD_FAILURE() << e.what();
-      }
-    }
-  }
-}
-
 TEST(PoolerGemm, TableAndEveryEngineAtTheModelShape) {
   SKIP_WITHOUT_GPU(1);
   const uint64_t seed = fresh_seed("pooler gemm model shape");

@@ -43,13 +43,6 @@ __device__ __forceinline__ uint64_t l2_policy_evict_first() {
   return policy;
 }
 
-// An L2 policy that keeps lines longest (activations every CTA reads).
-__device__ __forceinline__ uint64_t l2_policy_evict_last() {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
-  return policy;
-}
-
 // 16 bytes of read-only data read once (weights): not kept in L1, and first
 // to leave L2 under `policy`, so that weights streaming past do not evict the
 // small activations every CTA re-reads. Only for data no grid writes while
@@ -355,13 +348,6 @@ __device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uin
           dst),
       "l"(src), "r"(bytes), "r"(bar), "l"(policy)
       : "memory");
-}
-
-// A barrier over `threads` threads of this CTA (a multiple of 32) on hardware
-// barrier `id` (1..15; __syncthreads uses 0): for a subset of warps, e.g. when
-// other warps of the CTA have exited or never take part.
-__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
 // 16 bytes into another CTA's shared memory, completing on its mbarrier.

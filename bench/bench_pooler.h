@@ -25,8 +25,9 @@ struct PoolerBenchOptions {
 };
 
 // op "pooler_gemm": every engine at every shape it offers
-// (pooler_gemm_candidates) and the table's choice against the fastest cuBLASLt algorithm, per tp and b (one
-// GPU; this is also the sweep to choose the table from); op "pooler":
+// (pooler_gemm_candidates) and the table's choice against the fastest
+// cuBLASLt algorithm, per tp and b (one GPU; this is also the sweep to
+// choose the table from); op "pooler":
 // Pooler.run over the 60 NVFP4 layers against cuBLAS + ncclAllGather +
 // ExpertNorm + nvfp4_quantize, graph captured, per tp and b. Returns the
 // JSON path.

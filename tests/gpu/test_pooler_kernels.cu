@@ -182,7 +182,7 @@ TEST(PoolerExpertNorm, RefusesBadArguments) {
 
 namespace {
 
-// Runs a GEMM (`run(x, out, m, pdl)`) for every m in 1..16 that `ms` lists
+// Runs a GEMM (`run(w, x, out, m, pdl)`) for every m in 1..16 that `ms` lists
 // on [n, k]: accuracy against FP64, every element of rows < m written and
 // rows >= m untouched, guards intact, PDL on bit-identical to PDL off (and
 // so a second run to the first), and every row equal to the same row

@@ -112,6 +112,14 @@ std::string bench_unpooler(const UnpoolerBenchOptions& o) {
           std::snprintf(buf, sizeof buf, " %dK x %d %.2f us", copy / 1024, per_sm, us);
           line += buf;
         }
+      // A GEMM stage's pattern: 8 rows x 4 KiB pieces (the same columns of 8
+      // consecutive rows), a group's parts one after another.
+      const double strided = time_graph(
+          [&](cudaStream_t s, int c) { enqueue_bulk_read(weights.copy(c), size_t{2} * n * k, 4096, 1, s, 8, 2 * k); },
+          weights.copies, o.repeats, stream);
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "; 8 rows x 4K pieces x 1 %.2f us", strided);
+      line += buf;
       std::printf("  %s\n", line.c_str());
       report.notes.push_back(line);
     }

@@ -43,21 +43,25 @@ __global__ void fill_kernel(__nv_bfloat16* p, size_t n, uint64_t seed) {
 __global__ void empty_kernel() {}
 
 // The copy engine's streaming read: CTA j streams its contiguous share of
-// [p, p + bytes) into a ring of `stages` shared-memory buffers of `copy`
-// bytes (cp.async.bulk, one per buffer); lane 0 of warp 0 issues, lane 0 of
-// warp 1 takes each buffer as it lands and hands it back. Nothing computes:
-// this is what a shared-memory-staged GEMM could stream at best.
+// [p, p + bytes) into a ring of `stages` shared-memory buffers (cp.async.bulk);
+// lane 0 of warp 0 issues, lane 0 of warp 1 takes each buffer as it lands and
+// hands it back. Nothing computes: this is what a shared-memory-staged GEMM
+// could stream at best. rows = 1: a buffer is one copy of `copy` bytes, the
+// next `copy` bytes of the share. rows > 1: a buffer is `rows` copies, the
+// same `copy`-byte column range of `rows` consecutive rows of `row_bytes`
+// (what a GEMM stage of [rows][copy / 2] weights loads); a group of rows is
+// read part by part.
 constexpr int kBulkMaxStages = 32;
 __global__ void __launch_bounds__(64) bulk_read_kernel(const char* p, int total, int per_cta, int copy, int stages,
-                                                       uint32_t* sink) {
+                                                       int rows, int row_bytes, uint32_t* sink) {
   extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t bars = ptx::smem_addr(smem);
   auto full = [&](int s) { return bars + 8u * s; };
   auto empty = [&](int s) { return bars + 8u * (kBulkMaxStages + s); };
   unsigned char* const ring = smem + 16 * kBulkMaxStages;
   const int first = blockIdx.x * per_cta;
-  const char* const base = p + size_t(first) * copy;
   const int items = max(0, min(total - first, per_cta));
+  const int buffer = rows * copy, parts = rows > 1 ? row_bytes / copy : 1;
   if (threadIdx.x == 0) {
     for (int s = 0; s < stages; ++s) {
       ptx::mbarrier_init(full(s), 1);
@@ -71,15 +75,20 @@ __global__ void __launch_bounds__(64) bulk_read_kernel(const char* p, int total,
     for (int i = 0; i < items; ++i) {
       const int s = i % stages;
       if (i >= stages) ptx::mbarrier_wait_parity(empty(s), ((i / stages) - 1) & 1);
-      ptx::mbarrier_arrive_expect_tx(full(s), copy);
-      ptx::bulk_copy_g2s(ptx::smem_addr(ring + size_t(s) * copy), base + size_t(i) * copy, copy, full(s), policy);
+      ptx::mbarrier_arrive_expect_tx(full(s), buffer);
+      const int item = first + i, group = item / parts, part = item % parts;
+      for (int r = 0; r < rows; ++r) {
+        const char* src = rows > 1 ? p + (size_t(group) * rows + r) * row_bytes + size_t(part) * copy
+                                   : p + size_t(item) * copy;
+        ptx::bulk_copy_g2s(ptx::smem_addr(ring + size_t(s) * buffer + size_t(r) * copy), src, copy, full(s), policy);
+      }
     }
   } else if (threadIdx.x == 32) {
     uint32_t acc = 0;
     for (int i = 0; i < items; ++i) {
       const int s = i % stages;
       ptx::mbarrier_wait_parity(full(s), (i / stages) & 1);
-      acc ^= *reinterpret_cast<const uint32_t*>(ring + size_t(s) * copy);
+      acc ^= *reinterpret_cast<const uint32_t*>(ring + size_t(s) * buffer);
       ptx::mbarrier_arrive(empty(s));
     }
     if (acc == 0x9e3779b9u) *sink = acc;  // practically never; keeps the reads
@@ -134,7 +143,8 @@ void prepare_bulk_read() {
                                   device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)));
 }
 
-void enqueue_bulk_read(const void* p, size_t bytes, int copy, int ctas_per_sm, cudaStream_t stream) {
+void enqueue_bulk_read(const void* p, size_t bytes, int copy, int ctas_per_sm, cudaStream_t stream, int rows,
+                       int row_bytes) {
   uint32_t* sink = nullptr;
   CUDA_CHECK(cudaGetSymbolAddress(reinterpret_cast<void**>(&sink), g_read_sink));
   const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
@@ -142,14 +152,18 @@ void enqueue_bulk_read(const void* p, size_t bytes, int copy, int ctas_per_sm, c
   // Per CTA: its share of the SM's shared memory, less the barriers and the
   // 1 KiB the runtime reserves per block.
   const int per_sm = optin / ctas_per_sm - 16 * kBulkMaxStages - 1024;
-  const int stages = std::min(kBulkMaxStages, per_sm / copy);
-  SPARK_CHECK(stages >= 2 && copy % 16 == 0, "bulk read: ", stages, " stages of ", copy, " bytes");
-  SPARK_CHECK(bytes % copy == 0, "bulk read: ", bytes, " bytes in copies of ", copy);
-  const int total = static_cast<int>(bytes / copy), ctas = sms * ctas_per_sm;
-  const int per_cta = (total + ctas - 1) / ctas;
-  const int smem = 16 * kBulkMaxStages + stages * copy;
+  const int buffer = rows * copy;
+  const int stages = std::min(kBulkMaxStages, per_sm / buffer);
+  SPARK_CHECK(stages >= 2 && copy % 16 == 0, "bulk read: ", stages, " stages of ", buffer, " bytes");
+  SPARK_CHECK(bytes % buffer == 0 && (rows == 1 || (row_bytes % copy == 0 && bytes % (size_t(rows) * row_bytes) == 0)),
+              "bulk read: ", bytes, " bytes in buffers of ", rows, " x ", copy);
+  const int total = static_cast<int>(bytes / buffer), ctas = sms * ctas_per_sm;
+  // Whole groups of rows per CTA (each read part by part).
+  const int parts = rows > 1 ? row_bytes / copy : 1;
+  const int per_cta = ((total / parts + ctas - 1) / ctas) * parts;
+  const int smem = 16 * kBulkMaxStages + stages * buffer;
   bulk_read_kernel<<<(total + per_cta - 1) / per_cta, 64, smem, stream>>>(static_cast<const char*>(p), total,
-                                                                          per_cta, copy, stages, sink);
+                                                                          per_cta, copy, stages, rows, row_bytes, sink);
   SPARK_CHECK_LAUNCH();
 }
 

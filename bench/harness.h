@@ -105,7 +105,10 @@ void enqueue_read(const void* p, size_t bytes, cudaStream_t stream);
 // bandwidth a shared-memory-staged kernel could reach. Call
 // prepare_bulk_read() once per device first (not under capture).
 void prepare_bulk_read();
-void enqueue_bulk_read(const void* p, size_t bytes, int copy, int ctas_per_sm, cudaStream_t stream);
+// rows > 1: each buffer is the same copy-byte range of `rows` consecutive
+// rows of row_bytes (strided pieces, as a GEMM stage), not one contiguous copy.
+void enqueue_bulk_read(const void* p, size_t bytes, int copy, int ctas_per_sm, cudaStream_t stream, int rows = 1,
+                       int row_bytes = 0);
 
 // Fills `count` BF16 at `p` with N(0,1) draws (device-side, fast).
 void fill_random_bf16(void* p, size_t count, uint64_t seed, cudaStream_t stream = nullptr);

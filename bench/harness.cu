@@ -76,11 +76,16 @@ __global__ void __launch_bounds__(64) bulk_read_kernel(const char* p, int total,
       const int s = i % stages;
       if (i >= stages) ptx::mbarrier_wait_parity(empty(s), ((i / stages) - 1) & 1);
       ptx::mbarrier_arrive_expect_tx(full(s), buffer);
-      const int item = first + i, group = item / parts, part = item % parts;
-      for (int r = 0; r < rows; ++r) {
-        const char* src = rows > 1 ? p + (size_t(group) * rows + r) * row_bytes + size_t(part) * copy
-                                   : p + size_t(item) * copy;
-        ptx::bulk_copy_g2s(ptx::smem_addr(ring + size_t(s) * buffer + size_t(r) * copy), src, copy, full(s), policy);
+      const uint32_t dst = ptx::smem_addr(ring + size_t(s) * buffer);
+      // One thread issues every copy: its loop is on the critical path of
+      // small copies (a few more instructions per 4 KiB copy measured 2.4x
+      // slower), so the contiguous case stays a single multiply.
+      if (rows == 1) {
+        ptx::bulk_copy_g2s(dst, p + size_t(first + i) * copy, copy, full(s), policy);
+      } else {
+        const int item = first + i, group = item / parts, part = item % parts;
+        const char* src = p + size_t(group) * rows * row_bytes + size_t(part) * copy;
+        for (int r = 0; r < rows; ++r) ptx::bulk_copy_g2s(dst + r * copy, src + size_t(r) * row_bytes, copy, full(s), policy);
       }
     }
   } else if (threadIdx.x == 32) {

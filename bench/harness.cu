@@ -77,9 +77,9 @@ __global__ void __launch_bounds__(64) bulk_read_kernel(const char* p, int total,
       if (i >= stages) ptx::mbarrier_wait_parity(empty(s), ((i / stages) - 1) & 1);
       ptx::mbarrier_arrive_expect_tx(full(s), buffer);
       const uint32_t dst = ptx::smem_addr(ring + size_t(s) * buffer);
-      // One thread issues every copy: its loop is on the critical path of
-      // small copies (a few more instructions per 4 KiB copy measured 2.4x
-      // slower), so the contiguous case stays a single multiply.
+      // One thread issues every copy; the contiguous case stays one copy
+      // per buffer with no further arithmetic (4 KiB buffers at one CTA per
+      // SM are handshake-bound and vary between builds, bench/NOTES.md).
       if (rows == 1) {
         ptx::bulk_copy_g2s(dst, p + size_t(first + i) * copy, copy, full(s), policy);
       } else {

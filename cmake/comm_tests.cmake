@@ -18,7 +18,7 @@ if(TARGET spark_decode_mpi)
   endif()
 
   add_executable(spark_decode_mpi_cpu_tests ${PROJECT_SOURCE_DIR}/tests/cpu/test_mpi_group.cpp)
-  target_include_directories(spark_decode_mpi_cpu_tests PRIVATE ${PROJECT_SOURCE_DIR}/src)
+  target_include_directories(spark_decode_mpi_cpu_tests PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
   target_link_libraries(spark_decode_mpi_cpu_tests PRIVATE spark_decode_mpi GTest::gtest)
   add_test(NAME mpi_group_np2
            COMMAND ${MPIEXEC_EXECUTABLE} ${SPARK_MPIEXEC_FLAGS} ${MPIEXEC_PREFLAGS}
@@ -28,7 +28,7 @@ if(TARGET spark_decode_mpi)
   add_executable(spark_decode_mpi_gpu_tests
     ${PROJECT_SOURCE_DIR}/tests/gpu/gpu_test_util.cu
     ${PROJECT_SOURCE_DIR}/tests/gpu/test_mailbox_mpi.cu)
-  target_include_directories(spark_decode_mpi_gpu_tests PRIVATE ${PROJECT_SOURCE_DIR}/src)
+  target_include_directories(spark_decode_mpi_gpu_tests PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
   target_link_libraries(spark_decode_mpi_gpu_tests PRIVATE spark_decode_mpi GTest::gtest)
   add_test(NAME mailbox_mpi_np2
            COMMAND ${MPIEXEC_EXECUTABLE} ${SPARK_MPIEXEC_FLAGS} ${MPIEXEC_PREFLAGS}

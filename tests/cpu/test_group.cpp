@@ -12,6 +12,7 @@
 #include "mailbox_payload.h"
 #include "spark_decode/error.h"
 #include "spark_decode/group.h"
+#include "test_seed.h"
 
 namespace sd = spark_decode;
 using sd::testing::splitmix64;
@@ -46,8 +47,7 @@ std::vector<std::string> run_ranks(int size, Fn fn) {
 }
 
 TEST(InProcessGroup, AllGatherAndBarrierOverManyRounds) {
-  const uint64_t seed = (uint64_t(std::random_device{}()) << 32) | std::random_device{}();
-  std::printf("[group] seed %llu\n", static_cast<unsigned long long>(seed));
+  const uint64_t seed = sd::testing::test_seed("group");
   for (int size : {1, 2, 4, 8}) {
     auto shared = sd::InProcessGroup::make_shared(size, std::chrono::seconds(30));
     std::atomic<int> arrivals{0};

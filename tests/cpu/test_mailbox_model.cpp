@@ -15,6 +15,7 @@
 
 #include "mailbox_payload.h"
 #include "reference/mailbox_model.h"
+#include "test_seed.h"
 
 namespace sd = spark_decode;
 using sd::reference::MailboxModel;
@@ -26,11 +27,8 @@ namespace {
 
 constexpr uint16_t kSentinel = 0x8000;
 
-uint64_t fresh_seed(const char* test) {
-  const uint64_t seed = (uint64_t(std::random_device{}()) << 32) | std::random_device{}();
-  std::printf("[%s] seed %llu\n", test, static_cast<unsigned long long>(seed));
-  return seed;
-}
+// The seed of `test` (tests/test_seed.h: printed, SPARK_TEST_SEED replays).
+uint64_t fresh_seed(const char* test) { return sd::testing::test_seed(test); }
 
 // The first failure of each rank, reported after the threads join (one
 // message per rank instead of a flood).

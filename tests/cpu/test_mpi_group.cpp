@@ -9,6 +9,7 @@
 
 #include "mailbox_payload.h"
 #include "mpi_gtest_main.h"
+#include "test_seed.h"
 #include "spark_decode/error.h"
 #include "spark_decode/mpi_group.h"
 
@@ -74,5 +75,5 @@ TEST(MpiGroup, UnequalSizesAreRefusedOnEveryRank) {
 int main(int argc, char** argv) {
   return sd::testing::mpi_gtest_main(
       argc, argv, "mpi group",
-      [] { return (uint64_t(std::random_device{}()) << 32) | std::random_device{}(); }, g_seed);
+      [] { return sd::testing::test_base_seed(); }, g_seed);
 }

@@ -28,16 +28,7 @@ std::string gpu_unavailable_reason(int min_devices) {
 }
 
 std::mt19937_64& rng() {
-  static std::mt19937_64 gen = [] {
-    uint64_t seed;
-    if (const char* s = std::getenv("SPARK_TEST_SEED"))
-      seed = std::strtoull(s, nullptr, 0);
-    else
-      seed = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
-    std::printf("[spark-decode tests] random seed %llu (SPARK_TEST_SEED to replay)\n",
-                static_cast<unsigned long long>(seed));
-    return std::mt19937_64(seed);
-  }();
+  static std::mt19937_64 gen(test_base_seed());
   return gen;
 }
 

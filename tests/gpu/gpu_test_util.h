@@ -13,6 +13,7 @@
 
 #include "spark_decode/error.h"
 #include "spark_decode/group.h"
+#include "test_seed.h"
 
 namespace spark_decode::testing {
 
@@ -26,8 +27,9 @@ std::string gpu_unavailable_reason(int min_devices = 1);
     if (!why_.empty()) GTEST_SKIP() << why_;                                         \
   } while (0)
 
-// One generator per test, seeded from std::random_device; the seed is
-// printed so that a failure can be replayed (SPARK_TEST_SEED=...).
+// One generator per process (ctest runs each test in its own), seeded from
+// test_base_seed() (tests/test_seed.h: printed, SPARK_TEST_SEED replays).
+// Tests that draw data seeds through test_seed() replay in any order too.
 std::mt19937_64& rng();
 
 enum class Dist { normal, scaled, outliers, specials };

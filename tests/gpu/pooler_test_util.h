@@ -70,36 +70,43 @@ inline void random_row(uint16_t* out, int cols, RowDist d, std::mt19937_64& g) {
   }
 }
 
-// rows x cols values, each row from a random distribution, over threads
-// (one generator each, seeded from `seed`).
-inline std::vector<uint16_t> random_rows(int rows, int cols, uint64_t seed) {
-  std::vector<uint16_t> out(size_t(rows) * cols);
-  const int threads = std::max(1u, std::thread::hardware_concurrency());
+// The data generators below split their work into kDataChunks chunks, each
+// with its own generator seeded from (seed, chunk), spread over the host's
+// threads: the values depend on the seed alone, not on the thread count, so
+// a seed replays on any machine.
+inline constexpr int kDataChunks = 64;
+template <typename Chunk>
+void for_each_chunk(Chunk chunk) {
+  const int threads = std::max(1, std::min<int>(kDataChunks, std::thread::hardware_concurrency()));
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t)
     pool.emplace_back([&, t] {
-      std::mt19937_64 g(seed * 7919 + t);
-      for (int r = t; r < rows; r += threads)
-        random_row(out.data() + size_t(r) * cols, cols,
-                   static_cast<RowDist>(g() % static_cast<uint64_t>(RowDist::kCount)), g);
+      for (int c = t; c < kDataChunks; c += threads) chunk(c);
     });
   for (auto& th : pool) th.join();
+}
+
+// rows x cols values, each row from a random distribution.
+inline std::vector<uint16_t> random_rows(int rows, int cols, uint64_t seed) {
+  std::vector<uint16_t> out(size_t(rows) * cols);
+  for_each_chunk([&](int c) {
+    std::mt19937_64 g(seed * 7919 + c);
+    for (int r = c; r < rows; r += kDataChunks)
+      random_row(out.data() + size_t(r) * cols, cols,
+                 static_cast<RowDist>(g() % static_cast<uint64_t>(RowDist::kCount)), g);
+  });
   return out;
 }
 
-// Plain normal BF16 values (GEMM operands), fast, over threads.
+// Plain normal BF16 values (GEMM operands), fast.
 inline std::vector<uint16_t> normal_bf16(size_t count, uint64_t seed, float scale = 1.0f) {
   std::vector<uint16_t> out(count);
-  const int threads = std::max(1u, std::thread::hardware_concurrency());
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t)
-    pool.emplace_back([&, t] {
-      std::mt19937_64 g(seed * 104729 + t);
-      std::normal_distribution<float> normal(0.0f, scale);
-      const size_t b = count * t / threads, e = count * (t + 1) / threads;
-      for (size_t i = b; i < e; ++i) out[i] = float_to_bf16_rne(normal(g));
-    });
-  for (auto& th : pool) th.join();
+  for_each_chunk([&](int c) {
+    std::mt19937_64 g(seed * 104729 + c);
+    std::normal_distribution<float> normal(0.0f, scale);
+    const size_t b = count * c / kDataChunks, e = count * (c + 1) / kDataChunks;
+    for (size_t i = b; i < e; ++i) out[i] = float_to_bf16_rne(normal(g));
+  });
   return out;
 }
 
@@ -174,11 +181,8 @@ class TestStream {
   cudaStream_t s_;
 };
 
-inline uint64_t fresh_seed(const char* what) {
-  const uint64_t seed = rng()();
-  std::printf("[%s] data seed %llu\n", what, static_cast<unsigned long long>(seed));
-  return seed;
-}
+// The data seed of `what` in the running test (tests/test_seed.h).
+inline uint64_t fresh_seed(const char* what) { return test_seed(what); }
 
 // The batches of `candidates` that `engine` (nullopt: the table) can serve
 // at [n, k].

@@ -153,6 +153,9 @@ void Unpooler::run(const void* x, void* out, int m, cudaStream_t stream) {
   SPARK_CHECK(x != nullptr && out != nullptr && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
                   reinterpret_cast<uintptr_t>(out) % 16 == 0,
               "x and out must be non-null 16-byte aligned BF16");
+  const auto* xb = static_cast<const char*>(x);
+  const auto* ob = static_cast<const char*>(out);
+  SPARK_CHECK(ob + size_t(m) * n_ * 2 <= xb || xb + size_t(m) * k_ * 2 <= ob, "out may not overlap x");
   const int tile = tactic_.token_tile[m - 1], row_tiles = tactic_.row_tiles[m - 1];
   if (!prepared(tile, row_tiles)) {
     SPARK_CHECK(!detail::is_capturing(stream), "the kernel for m=", m, " (token tile ", tile, ", ", row_tiles,
@@ -180,9 +183,6 @@ void Unpooler::run(const TensorRef& x, const TensorRef& out, cudaStream_t stream
                 "x and out must be contiguous 16-byte aligned BF16, got ", t->describe());
   SPARK_CHECK(x.device == device_ && out.device == device_, "x and out must be on cuda:", device_,
               ", got ", x.describe(), " and ", out.describe());
-  const auto* xb = static_cast<const char*>(x.data);
-  const auto* ob = static_cast<const char*>(out.data);
-  SPARK_CHECK(ob + out.numel() * 2 <= xb || xb + x.numel() * 2 <= ob, "out may not overlap x");
   run(x.data, out.data, m, stream);
 }
 

@@ -222,6 +222,7 @@ TEST(UnpoolerGpu, RowTilesGiveTheSameBits) {
         }
     EXPECT_GE(compared, 12);
   }
+  int table_compared = 0;
   for (const auto& e : sd::unpooler_tactic_table()) {
     sd::UnpoolerTactic one = e.tactic;
     one.accs = std::min(one.accs, 2);  // every R compiles at accs <= 2
@@ -253,8 +254,12 @@ TEST(UnpoolerGpu, RowTilesGiveTheSameBits) {
         ASSERT_EQ(got, want[m - 1]) << e.n << "x" << e.k << " m=" << m << ": " << t.to_string() << " vs "
                                     << one.to_string();
       }
+      ++table_compared;
     }
   }
+  // Every table shape has a 2-row-tile kernel (N % 32 == 0 at the model's
+  // shapes): a run that compared none would have tested nothing.
+  EXPECT_GE(table_compared, static_cast<int>(sd::unpooler_tactic_table().size()));
 }
 
 TEST(UnpoolerGpu, TableTacticsAreTheDefaults) {
@@ -273,6 +278,9 @@ TEST(UnpoolerGpu, BitwiseReproducibleOver100Runs) {
     sd::Unpooler u(weight_ref(p.w.get(), s.n, s.k));
     for (int m : {1, 7, 16}) {
       const auto first = p.run(u, m);
+      // Every element written (p.run poisons out first): identical poison
+      // would make the runs agree without computing anything.
+      ASSERT_EQ(std::count(first.begin(), first.end(), kPoisonBf16), 0) << s.n << " m=" << m;
       for (int r = 1; r < 100; ++r) ASSERT_EQ(p.run(u, m), first) << s.n << " m=" << m << " run " << r;
     }
   }
@@ -285,8 +293,10 @@ TEST(UnpoolerGpu, BatchInvariance) {
     Problem p(s.n, s.k, Dist::normal);
     sd::Unpooler u(weight_ref(p.w.get(), s.n, s.k));
     std::vector<std::vector<uint16_t>> alone;
-    for (int i = 0; i < sd::kUnpoolerMaxM; ++i)
+    for (int i = 0; i < sd::kUnpoolerMaxM; ++i) {
       alone.push_back(p.run(u, 1, static_cast<const char*>(p.x.get()) + static_cast<size_t>(i) * s.k * 2));
+      ASSERT_EQ(std::count(alone.back().begin(), alone.back().end(), kPoisonBf16), 0) << "row " << i << " alone";
+    }
     for (int m = 1; m <= sd::kUnpoolerMaxM; ++m) {
       const auto batch = p.run(u, m);
       for (int i = 0; i < m; ++i)
@@ -392,7 +402,13 @@ TEST(UnpoolerGpu, RunValidatesAndLaunchesNothingOnBadInput) {
   bad = out;
   bad.shape[0] = 3;
   EXPECT_THROW(u.run(x, bad, nullptr), sd::InvalidArgument);
-  EXPECT_THROW(u.run(x, x, nullptr), sd::InvalidArgument);  // shape and aliasing
+  EXPECT_THROW(u.run(x, x, nullptr), sd::InvalidArgument);  // out's shape
+  // out of the right shape over x's bytes: refused for the overlap alone,
+  // through either overload.
+  const auto over_x = sd::TensorRef::contiguous(p.x.get(), sd::DType::bf16, {2, n}, 0);
+  EXPECT_THROW(u.run(x, over_x, nullptr), sd::InvalidArgument);
+  EXPECT_THROW(u.run(p.x.get(), p.x.get(), 1, nullptr), sd::InvalidArgument);
+  EXPECT_THROW(u.run(p.x.get(), static_cast<char*>(p.x.get()) + 16, 1, nullptr), sd::InvalidArgument);
   CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<uint16_t> h(static_cast<size_t>(sd::kUnpoolerMaxM) * n);
   p.out.download(h.data(), h.size() * 2);
@@ -420,10 +436,16 @@ TEST(UnpoolerGpu, FromMoeTakesThisRanksRows) {
   Problem full(h, k, Dist::normal);
   GuardedBuffer out(static_cast<size_t>(sd::kUnpoolerMaxM) * h * 2);
   const int m = 3;
-  auto u_full = sd::Unpooler(weight_ref(full.w.get(), h, k));
+  // The full weight and every rank's rows at one tactic: a row's bits depend
+  // on (K, S, kw, accs) only, so each rank's output must be its columns of
+  // the full product, bit for bit.
+  sd::Unpooler::Options same;
+  same.tactic = sd::unpooler_tactic(h / tp, k);
+  auto u_full = sd::Unpooler(weight_ref(full.w.get(), h, k), same);
   const auto all = full.run(u_full, m);
+  ASSERT_EQ(std::count(all.begin(), all.end(), kPoisonBf16), 0);
   for (int rank = 0; rank < tp; ++rank) {
-    auto u = sd::Unpooler::from_moe(weight_ref(full.w.get(), h, k), tp, rank);
+    auto u = sd::Unpooler::from_moe(weight_ref(full.w.get(), h, k), tp, rank, same);
     ASSERT_EQ(u.n(), h / tp);
     const Reference ref = reference(full.hx, std::vector<uint16_t>(full.hw.begin() + static_cast<size_t>(rank) * (h / tp) * k,
                                                                  full.hw.begin() + static_cast<size_t>(rank + 1) * (h / tp) * k),
@@ -435,6 +457,9 @@ TEST(UnpoolerGpu, FromMoeTakesThisRanksRows) {
     out.download(got.data(), got.size() * 2);
     const Check c = check_rows(got, ref, m, h / tp, k);
     EXPECT_EQ(c.bad, 0) << "rank " << rank << ": " << c.first;
+    for (int r = 0; r < m; ++r)
+      for (int j = 0; j < h / tp; ++j)
+        ASSERT_EQ(got[static_cast<size_t>(r) * (h / tp) + j], all[static_cast<size_t>(r) * h + rank * (h / tp) + j])
+            << "rank " << rank << " row " << r << " col " << j << ": differs from the full weight's product";
   }
-  (void)all;
 }

@@ -17,6 +17,7 @@
 #include "gpu_test_util.h"
 #include "spark_decode/bf16.h"
 #include "spark_decode/error.h"
+#include "spark_decode/mailbox.h"
 #include "spark_decode/pooler_gemm.h"
 #include "spark_decode/reference.h"
 
@@ -183,6 +184,18 @@ class TestStream {
 
 // The data seed of `what` in the running test (tests/test_seed.h).
 inline uint64_t fresh_seed(const char* what) { return test_seed(what); }
+
+// Every byte of the mailbox's allocation outside its data and state words
+// still holds the guard filler (Options::guard_bytes > 0).
+inline void check_mailbox_guards(const LamportMailbox& mb) {
+  const size_t bytes = mb.memory().bytes();
+  const auto raw = download<uint8_t>(mb.memory().local(), bytes);
+  const size_t data_end = mb.data_offset() + mb.copy_bytes(), state_end = mb.state_offset() + 8;
+  for (size_t i = 0; i < bytes; ++i) {
+    if ((i >= mb.data_offset() && i < data_end) || (i >= mb.state_offset() && i < state_end)) continue;
+    POOLER_REQUIRE(raw[i] == kMailboxGuardByte, "mailbox allocation byte ", i, " outside data and state changed");
+  }
+}
 
 // The batches of `candidates` that `engine` (nullopt: the table) can serve
 // at [n, k].

@@ -1,12 +1,14 @@
 // The Pooler end to end: 62 layers (0 and 61 BF16 edge layers, the rest
 // NVFP4), warm_up on every rank, then many steps in layer order with a random
-// b from `batches` (the same on every rank), most of them as replays of a
-// CUDA graph captured per b, the rest eager. After every step each rank
-// checks every layer's output (copied out inside the graph into poisoned
-// records) against the stock path computed on the projected blocks of all
-// ranks (stock gather = concatenation, ExpertNorm, nvfp4_quantize): NVFP4
-// layers bit for bit, edge layers except the sign of zero; one layer's
-// projection per step against the FP64 GEMM reference; rows >= b untouched.
+// b from `batches` (the same on every rank), through Pooler::run (the path
+// users take, with its per-(tp, b) publish route) and through project +
+// publish + gather in turn, each as replays of a CUDA graph captured per b
+// and eagerly. After every step each rank checks every layer's output
+// (copied out inside the graph) against the stock path computed on the
+// projected blocks of all ranks (stock gather = concatenation, ExpertNorm,
+// nvfp4_quantize): NVFP4 layers bit for bit, edge layers except the sign of
+// zero; every output a view of exactly b rows; one layer's projection per
+// step against the FP64 GEMM reference; the mailbox's guard bytes intact.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -67,14 +69,27 @@ void pooler_steps(sd::Group& group, int device, int pooled, int steps, const std
 
   DeviceBuffer x(size_t(L) * cap * H * 2), rec_shard(size_t(L) * cap * shard * 2), rec_a(size_t(L) * cap * pooled / 2),
       rec_sf(size_t(L) * cap * pooled / 16), rec_n(size_t(L) * cap * pooled * 2);
-  auto one_step = [&](int b) {
+  // One step over every layer: Pooler::run, or project + publish + gather.
+  // With run(), the projection the stock path needs is taken by a second
+  // project() after it (the GEMM is bitwise reproducible; project touches no
+  // mailbox state), once the outputs have been copied out.
+  auto one_step = [&](int b, bool use_run) {
     for (int l = 0; l < L; ++l) {
-      const auto s = pooler.project(l, x.as<uint16_t>() + size_t(l) * cap * H, b, stream);
-      CUDA_CHECK(cudaMemcpyAsync(rec_shard.as<uint16_t>() + size_t(l) * cap * shard, s.data, size_t(b) * shard * 2,
-                                 cudaMemcpyDeviceToDevice, stream));
-      pooler.publish(b, stream);
-      const sd::PoolerOutput out = pooler.gather(l, b, stream);
+      const uint16_t* xl = x.as<uint16_t>() + size_t(l) * cap * H;
+      sd::PoolerOutput out;
+      if (!use_run) {
+        const auto s = pooler.project(l, xl, b, stream);
+        CUDA_CHECK(cudaMemcpyAsync(rec_shard.as<uint16_t>() + size_t(l) * cap * shard, s.data, size_t(b) * shard * 2,
+                                   cudaMemcpyDeviceToDevice, stream));
+        pooler.publish(b, stream);
+        out = pooler.gather(l, b, stream);
+      } else {
+        out = pooler.run(l, xl, b, stream);
+      }
       POOLER_REQUIRE(out.nvfp4 == (l != 0 && l != L - 1), "layer ", l, ": wrong output form");
+      const sd::TensorRef& view = out.nvfp4 ? out.a : out.normed;
+      POOLER_REQUIRE(view.ndim == 2 && view.shape[0] == b && (!out.nvfp4 || out.a_sf.shape[0] == b), "layer ", l,
+                     ": the output view is not b = ", b, " rows");
       if (out.nvfp4) {
         CUDA_CHECK(cudaMemcpyAsync(rec_a.as<uint8_t>() + size_t(l) * cap * pooled / 2, out.a.data,
                                    size_t(b) * pooled / 2, cudaMemcpyDeviceToDevice, stream));
@@ -84,17 +99,23 @@ void pooler_steps(sd::Group& group, int device, int pooled, int steps, const std
         CUDA_CHECK(cudaMemcpyAsync(rec_n.as<uint16_t>() + size_t(l) * cap * pooled, out.normed.data,
                                    size_t(b) * pooled * 2, cudaMemcpyDeviceToDevice, stream));
       }
+      if (use_run) {
+        const auto s = pooler.project(l, xl, b, stream);
+        CUDA_CHECK(cudaMemcpyAsync(rec_shard.as<uint16_t>() + size_t(l) * cap * shard, s.data, size_t(b) * shard * 2,
+                                   cudaMemcpyDeviceToDevice, stream));
+      }
     }
   };
-  std::map<int, cudaGraphExec_t> graphs;
-  for (int b : batches) {
-    cudaGraph_t graph;
-    CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    one_step(b);
-    CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-    CUDA_CHECK(cudaGraphInstantiate(&graphs[b], graph, 0));
-    CUDA_CHECK(cudaGraphDestroy(graph));
-  }
+  std::map<std::pair<int, bool>, cudaGraphExec_t> graphs;  // by (b, use_run)
+  for (int b : batches)
+    for (bool use_run : {false, true}) {
+      cudaGraph_t graph;
+      CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      one_step(b, use_run);
+      CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+      CUDA_CHECK(cudaGraphInstantiate(&graphs[{b, use_run}], graph, 0));
+      CUDA_CHECK(cudaGraphDestroy(graph));
+    }
   // Stock path pieces.
   std::vector<std::unique_ptr<sd::ExpertNorm>> norms;
   for (int l = 0; l < L; ++l)
@@ -109,11 +130,15 @@ void pooler_steps(sd::Group& group, int device, int pooled, int steps, const std
     x.upload(xs.data(), xs.size() * 2);
     for (DeviceBuffer* r : {&rec_shard, &rec_a, &rec_sf, &rec_n}) CUDA_CHECK(cudaMemset(r->get(), 0xff, r->bytes()));
     CUDA_CHECK(cudaDeviceSynchronize());
-    if (step % 4 == 3)
-      one_step(b);
+    // Steps cycle through: graph of run, graph of the three calls, run
+    // eagerly, the three calls eagerly.
+    const bool use_run = step % 2 == 0, eager = step % 4 >= 2;
+    if (eager)
+      one_step(b, use_run);
     else
-      CUDA_CHECK(cudaGraphLaunch(graphs[b], stream));
+      CUDA_CHECK(cudaGraphLaunch(graphs[{b, use_run}], stream));
     pooler.mailbox().synchronize(stream);
+    check_mailbox_guards(pooler.mailbox());
 
     const auto sh = download<uint16_t>(rec_shard.get(), size_t(L) * cap * shard);
     {
@@ -138,26 +163,19 @@ void pooler_steps(sd::Group& group, int device, int pooled, int steps, const std
       if (nvfp4) {
         const auto a = download<uint8_t>(sa.get(), size_t(b) * pooled / 2);
         const auto s = download<uint8_t>(ssf.get(), size_t(b) * pooled / 16);
-        for (size_t i = 0; i < size_t(cap) * pooled / 2; ++i) {
-          const uint8_t got = ra[size_t(l) * cap * pooled / 2 + i];
-          POOLER_REQUIRE(i < a.size() ? got == a[i] : got == 0xff, "step ", step, " b ", b, " layer ", l, " a byte ", i,
-                         i < a.size() ? " differs from stock" : " written past b rows");
-        }
-        for (size_t i = 0; i < size_t(cap) * pooled / 16; ++i) {
-          const uint8_t got = rsf[size_t(l) * cap * pooled / 16 + i];
-          POOLER_REQUIRE(i < s.size() ? got == s[i] : got == 0xff, "step ", step, " b ", b, " layer ", l, " a_sf ", i,
-                         i < s.size() ? " differs from stock" : " written past b rows");
-        }
+        for (size_t i = 0; i < a.size(); ++i)
+          POOLER_REQUIRE(ra[size_t(l) * cap * pooled / 2 + i] == a[i], "step ", step, " b ", b, use_run ? " run" : "",
+                         " layer ", l, " a byte ", i, " differs from stock");
+        for (size_t i = 0; i < s.size(); ++i)
+          POOLER_REQUIRE(rsf[size_t(l) * cap * pooled / 16 + i] == s[i], "step ", step, " b ", b,
+                         use_run ? " run" : "", " layer ", l, " a_sf ", i, " differs from stock");
       } else {
         const auto n = download<uint16_t>(normed.get(), size_t(b) * pooled);
-        for (size_t i = 0; i < size_t(cap) * pooled; ++i) {
+        for (size_t i = 0; i < n.size(); ++i) {
           const uint16_t got = rn[size_t(l) * cap * pooled + i];
-          if (i >= n.size()) {
-            POOLER_REQUIRE(got == 0xffff, "step ", step, " layer ", l, " normed ", i, " written past b rows");
-            continue;
-          }
           POOLER_REQUIRE(got == n[i] || ((got & 0x7fff) == 0 && (n[i] & 0x7fff) == 0), "step ", step, " b ", b,
-                         " edge layer ", l, " element ", i, ": 0x", std::hex, got, " stock 0x", n[i]);
+                         use_run ? " run" : "", " edge layer ", l, " element ", i, ": 0x", std::hex, got,
+                         " stock 0x", n[i]);
         }
       }
     }
@@ -165,8 +183,6 @@ void pooler_steps(sd::Group& group, int device, int pooled, int steps, const std
     const int l = step % L;
     const auto wfull = normal_bf16(size_t(pooled) * H, seed + 100 * l, 0.02f);
     std::vector<uint16_t> got(sh.begin() + size_t(l) * cap * shard, sh.begin() + (size_t(l) * cap + b) * shard);
-    for (size_t i = size_t(b) * shard; i < size_t(cap) * shard; ++i)
-      POOLER_REQUIRE(sh[size_t(l) * cap * shard + i] == 0xffff, "projection written past b rows");
     const std::string bad = check_gemm(got, xs.data() + size_t(l) * cap * H, wfull.data() + size_t(rank) * shard * H,
                                        b, shard, H);
     POOLER_REQUIRE(bad.empty(), "step ", step, " layer ", l, " b ", b, " (", pooler.gemm_choice(l, b).to_string(),

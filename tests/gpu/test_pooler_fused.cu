@@ -43,16 +43,6 @@ std::vector<uint16_t> block_of(const std::vector<uint16_t>& full, int rows, int 
   return b;
 }
 
-void check_mailbox_guards(const sd::LamportMailbox& mb) {
-  const size_t bytes = mb.memory().bytes();
-  const auto raw = download<uint8_t>(mb.memory().local(), bytes);
-  const size_t data_end = mb.data_offset() + mb.copy_bytes(), state_end = mb.state_offset() + 8;
-  for (size_t i = 0; i < bytes; ++i) {
-    if ((i >= mb.data_offset() && i < data_end) || (i >= mb.state_offset() && i < state_end)) continue;
-    POOLER_REQUIRE(raw[i] == sd::kMailboxGuardByte, "mailbox allocation byte ", i, " outside data and state changed");
-  }
-}
-
 // The consumer calls of one chunk: b drawn from `seed` (the same on every
 // rank), rows consumed in order; fn(offset, b) per call.
 template <typename Fn>

@@ -259,32 +259,61 @@ inline void ticket_mode(Group& g, int n, int k, int calls, int check_every, uint
   mb.barrier();
 }
 
-// 16 boundaries (zero-copy run + gather, m drawn per call) captured in one
-// CUDA graph and replayed: every replay gathers what the eager run did, bit
-// for bit (the stage advances on the device).
+// Calls of random m (zero-copy GEMM, then gather) captured in one graph and
+// replayed; the eager run and the first and last replays are checked call
+// by call: y is the plain GEMM's product of that call's x (an Unpooler
+// without a mailbox, same tactic), and the gathered rows are every rank's y.
+// New activations are uploaded before every checked replay, so a replay that
+// left its outputs stale would be caught.
 inline void graph_replay_equals_eager(Group& g, int n, int k, int replays, uint64_t seed) {
   const int rank = g.rank(), tp = g.size();
   constexpr int kCalls = 16;
+  const int cap = kMuseSpark.max_batch;
   ZeroCopyRank z(g, n, k, seed);
   Rank& r = z.r;
   LamportMailbox& mb = z.mb;
   Unpooler& u = z.u;
+  Unpooler plain(r.weight());
   std::mt19937_64 draw(seed);
-  std::uniform_int_distribution<int> pick(1, kMuseSpark.max_batch);
+  std::uniform_int_distribution<int> pick(1, cap);
   int ms[kCalls];
   for (int& m : ms) m = pick(draw);
-  const size_t per_call = size_t(kMuseSpark.max_batch) * n * tp;
-  GuardedBuffer rows(per_call * kCalls * 2);
+  const size_t per_call = size_t(cap) * n * tp;
+  GuardedBuffer rows(per_call * kCalls * 2), ys(size_t(cap) * n * kCalls * 2);
+  auto y_of = [&](int c) { return static_cast<uint16_t*>(ys.get()) + size_t(cap) * n * c; };
   auto enqueue = [&] {
     for (int c = 0; c < kCalls; ++c) {
-      u.run(r.x_for(c), r.out.get(), ms[c], r.stream);
+      u.run(r.x_for(c), y_of(c), ms[c], r.stream);
       mb.gather(static_cast<uint16_t*>(rows.get()) + per_call * c, ms[c], r.stream);
     }
   };
+  std::mt19937_64 fresh(seed * 31 + rank);
+  auto new_inputs = [&] {
+    const auto hx = random_bf16(size_t(cap) * k * Rank::kInputs, Dist::specials, 0, fresh);
+    r.x.upload(hx.data(), hx.size() * 2);
+  };
+  auto check = [&](const char* when, int rep) {
+    const auto got_rows = r.download(rows, per_call * kCalls);
+    const auto got_ys = r.download(ys, size_t(cap) * n * kCalls);
+    for (int c = 0; c < kCalls; ++c) {
+      const std::vector<uint16_t> y(got_ys.begin() + size_t(cap) * n * c,
+                                    got_ys.begin() + size_t(cap) * n * c + size_t(ms[c]) * n);
+      poison_bf16(r.out);
+      plain.run(r.x_for(c), r.out.get(), ms[c], r.stream);
+      CUDA_CHECK(cudaStreamSynchronize(r.stream));
+      ZC_REQUIRE(y == r.download(r.out, size_t(ms[c]) * n), when, " ", rep, " call ", c,
+                 ": y is not the product of this call's x");
+      const std::vector<uint16_t> call_rows(got_rows.begin() + per_call * c,
+                                            got_rows.begin() + per_call * c + size_t(ms[c]) * n * tp);
+      ZC_REQUIRE(call_rows == expected_rows(g, y, ms[c], n), when, " ", rep, " call ", c,
+                 ": gathered rows are not every rank's y");
+    }
+  };
   poison_bf16(rows);
+  poison_bf16(ys);
   enqueue();
   mb.synchronize(r.stream);
-  const auto eager = r.download(rows, per_call * kCalls);
+  check("eager", 0);
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   CUDA_CHECK(cudaStreamBeginCapture(r.stream, cudaStreamCaptureModeThreadLocal));
@@ -293,15 +322,17 @@ inline void graph_replay_equals_eager(Group& g, int n, int k, int replays, uint6
   CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   g.barrier();
   for (int rep = 0; rep < replays; ++rep) {
-    const bool check = rep == 0 || rep == replays - 1;
-    if (check) {
-      mb.synchronize(r.stream);  // the previous replay no longer writes `rows`
+    const bool checked = rep == 0 || rep == replays - 1;
+    if (checked) {
+      mb.synchronize(r.stream);  // the previous replay no longer reads x or writes the outputs
+      new_inputs();
       poison_bf16(rows);
+      poison_bf16(ys);
     }
     CUDA_CHECK(cudaGraphLaunch(exec, r.stream));
-    if (!check) continue;
+    if (!checked) continue;
     mb.synchronize(r.stream);
-    ZC_REQUIRE(r.download(rows, per_call * kCalls) == eager, "replay ", rep, " differs from the eager run");
+    check("replay", rep);
   }
   mb.synchronize(r.stream);
   CUDA_CHECK(cudaGraphExecDestroy(exec));

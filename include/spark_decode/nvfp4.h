@@ -14,7 +14,8 @@
 // the CPU reference below uses exact (correctly rounded) division 1.0f / x
 // in its place, and does not flush subnormals. The two can therefore differ
 // where y_i * out_scale lies within a few ulps of an E2M1 rounding boundary
-// (tests/gpu/test_pooler_nvfp4.cu counts and bounds those cases), and for
+// (tests/gpu/test_pooler_kernels.cu, PoolerNvfp4.*, counts and bounds those
+// cases), and for
 // subnormal gs (which no model uses).
 //
 // Three parts:
@@ -70,9 +71,10 @@ void nvfp4_quantize(const uint16_t* y, int rows, int cols, float global_scale, u
 // a[rows, cols/2] u8 and a_sf[rows, cols/16] u8 (E4M3 bytes) from y[rows, cols]
 // BF16, with the global scale read from global_scale (device, FP32 [1]).
 // Requirements (InvalidArgument, nothing launched): cols > 0, cols % 16 == 0,
-// rows >= 1; y, a 16-byte aligned, a_sf and global_scale 4-byte aligned,
-// all non-null device pointers of the current device; outputs may not
-// overlap y. One thread per block of 16, grid (ceil(cols/16 / 128), rows).
+// 1 <= rows <= 65535 (the grid's y); y, a 16-byte aligned, a_sf and
+// global_scale 4-byte aligned, all non-null device pointers of the current
+// device, of compute capability 9.0+ (RuntimeError below); the outputs may
+// overlap neither y nor each other. One thread per block of 16, grid (ceil(cols/16 / 128), rows).
 // May not allocate or synchronise; capturable. With enable_pdl the kernel
 // waits (griddepcontrol.wait) before reading y and global_scale.
 void nvfp4_quantize(const void* y, const float* global_scale, void* a, void* a_sf, int rows,

@@ -7,7 +7,8 @@
 //   gather   every rank reads the tp blocks of the full rows [b, P] and makes
 //            NVFP4 layers:  a    uint8 [b, P/2]  (two E2M1 codes a byte, the
 //                                even column in the low nibble)
-//                           a_sf uint8 [b, P/16] (E4M3 block scales, linear)
+//                           a_sf E4M3 [b, P/16] (block scales, one byte
+//                                each, linear layout)
 //                           = nvfp4(pre_expert_norm(rows), global_scale),
 //                           bit for bit what the stock all-gather +
 //                           ExpertNorm + nvfp4_quantize give;
@@ -18,8 +19,10 @@
 //                           mailbox's sentinel being -0.0).
 //   run = project + publish + gather, the publish done by the GEMM's own
 //           epilogue (the same mailbox bytes and stage word as publish(),
-//           one kernel fewer: two kernels per call) or by the publish
-//           kernel, as pooler_fused_publish(tp, b) measured faster.
+//           one kernel fewer) or by the publish kernel, as
+//           pooler_fused_publish(tp, b) measured faster: two kernels per
+//           call for an NVFP4 layer on the fused route, three otherwise;
+//           an edge layer adds ExpertNorm to its plain gather.
 // One mailbox serves every layer; every rank runs its calls in the same
 // order with the same b (see mailbox.h). Outputs are views of scratch that
 // the next call overwrites.
@@ -31,12 +34,17 @@
 //   `device`, the same H for all; norm_weight BF16 [P] contiguous 16-byte
 //   aligned on `device`; P % 512 == 0, P <= 16384 (ExpertNorm), P/tp % 16 == 0
 //   (an NVFP4 block never straddles two ranks' blocks); global_scale, if
-//   any, FP32 [1] on `device`, 4-byte aligned; eps >= 0.
+//   any, FP32 [1] on `device`, 4-byte aligned; eps >= 0. H itself: the
+//   GEMM engine the table picks for each b must take [P/tp, H]
+//   (pooler_gemm.h: a skinny shape needs H % 8192 == 0 at the compiled
+//   shapes, the MMA engine the Unpooler's conditions on K = H).
 //   Per call: x BF16 [b, H] contiguous 16-byte aligned on `device`, b one of
 //   `batches`; the device current on the calling thread.
 // Weights, norm weights and global scales are views (not copied) that must
-// outlive the Pooler; they are read before griddepcontrol.wait, so no grid
-// still running when a call is enqueued may write them.
+// outlive the Pooler. Weights and norm weights are read before
+// griddepcontrol.wait, so no grid still running when a call is enqueued may
+// write them; the global scale is read after it (as the stock quantizer
+// reads it), so a preceding grid may.
 //
 // What project/publish/gather/run may not do: allocate, synchronise or
 // prepare a kernel. They are CUDA-graph capturable. Construction (collective
@@ -99,11 +107,15 @@ PoolerLayer pooler_layer(const StockMoeLayer& moe, int tp, int rank, const Model
 
 // The fused gather + pre_expert_norm + NVFP4 consumer on its own (what
 // Pooler::gather runs for NVFP4 layers), over a mailbox of width P / tp:
-// a uint8 [b, P/2], a_sf uint8 [b, P/16] from the published blocks of the
+// a uint8 [b, P/2], a_sf E4M3 [b, P/16] from the published blocks of the
 // current call. norm_weight BF16 [P] 16-byte aligned, global_scale FP32 [1]
 // 4-byte aligned, a 16-byte and a_sf 4-byte aligned device pointers of the
-// mailbox's device, 1 <= b <= capacity. One kernel, grid (b), P/16 threads;
-// capturable, allocates nothing.
+// mailbox's device, 1 <= b <= capacity; the mailbox's width a multiple of
+// 16 and P = tp width a multiple of 512, at most 16384; eps >= 0; a and
+// a_sf may not overlap the mailbox (all checked, InvalidArgument). The norm
+// weight is read before griddepcontrol.wait, the mailbox and the global
+// scale after. One kernel, grid (b), P/16 threads; capturable, allocates
+// nothing.
 void gather_norm_nvfp4(LamportMailbox& mailbox, const void* norm_weight, const float* global_scale,
                        float eps, float gain_center, void* a, void* a_sf, int b, cudaStream_t stream,
                        bool enable_pdl = true);

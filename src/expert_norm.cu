@@ -37,7 +37,7 @@ ExpertNorm::ExpertNorm(const TensorRef& weight, float eps, float gain_center, bo
   SPARK_CHECK(weight.device >= 0, "pre_expert_norm weight ", weight.describe(), ": needs device memory");
   cols_ = static_cast<int>(weight.shape[0]);
   if (auto reason = cols_unsupported(cols_)) throw InvalidArgument(*reason);
-  SPARK_CHECK(eps >= 0.0f && eps == eps, "pre_expert_norm eps ", eps, " must be >= 0");
+  SPARK_CHECK(eps >= 0.0f && eps == eps, "pre_expert_norm eps ", eps, " must be >= 0 (and not NaN)");
   detail::require_sm90(device_, "pre_expert_norm");
   detail::DeviceGuard guard(device_);
   cudaFuncAttributes attrs;
@@ -45,7 +45,7 @@ ExpertNorm::ExpertNorm(const TensorRef& weight, float eps, float gain_center, bo
 }
 
 void ExpertNorm::run(const void* x, void* y, int rows, cudaStream_t stream) const {
-  SPARK_CHECK(rows >= 1 && rows <= 65535 * 1024, "pre_expert_norm: rows ", rows, " must be >= 1");
+  SPARK_CHECK(rows >= 1 && rows <= 65535 * 1024, "pre_expert_norm: rows ", rows, " outside [1, ", 65535 * 1024, "]");
   SPARK_CHECK(x != nullptr && y != nullptr && aligned(x, 16) && aligned(y, 16),
               "pre_expert_norm: x and y must be non-null 16-byte aligned device pointers");
   const size_t bytes = size_t(rows) * cols_ * 2;

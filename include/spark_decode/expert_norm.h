@@ -6,16 +6,18 @@
 // FP32 from the BF16 inputs, one rounding at the end. The mean(x^2)
 // reduction order is defined once (src/kernels/norm/rms.cuh) and shared with
 // the Pooler's fused consumer, so both give the same bits. rsqrt is the
-// GPU's rsqrt.approx (about 2 ulp): a CPU model agrees to a few BF16 ulps,
-// not bit for bit.
+// GPU's rsqrt.approx (about 2 ulp): the CPU reference
+// (reference::expert_norm) agrees within one BF16 ulp, not bit for bit.
 //
 // Requirements (checked; InvalidArgument, nothing launched):
 //   weight  BF16 [cols] contiguous, 16-byte aligned, device memory, with
 //           cols % 512 == 0 and 512 <= cols <= 16384 (one thread per 16
 //           columns, a whole number of warps, at most 1024 threads);
 //   x, y    BF16 [rows, cols] contiguous, 16-byte aligned, on the weight's
-//           device (current on the calling thread), rows >= 1; y may not
-//           overlap x.
+//           device (current on the calling thread), 1 <= rows <= 65535 *
+//           1024; y may not overlap x;
+//   eps     >= 0 and not NaN; the device of compute capability 9.0+
+//           (RuntimeError below).
 // The weight is read before griddepcontrol.wait (programmatic dependent
 // launch): no grid that may still be running when run() is enqueued may
 // write it. x is read after.

@@ -71,7 +71,8 @@ inline constexpr int kMailboxStages = 3;
 class LamportMailbox {
  public:
   struct Options {
-    // A consumer traps after waiting this long for one slot.
+    // A consumer traps after waiting this long for one slot; in (0, 3600)
+    // seconds (InvalidArgument otherwise).
     double spin_timeout_s = 5.0;
     // Bytes of kMailboxGuardByte before and after the data and state in the
     // allocation (for tests that check nothing writes outside the mailbox).

@@ -21,7 +21,10 @@
 //        Unpooler's own conditions for mma (Unpooler::unsupported);
 //   x    BF16 [m, K] contiguous 16-byte aligned on W's device;
 //   out  BF16 [m, N] contiguous 16-byte aligned on W's device, not
-//        overlapping x; m one of the batches prepared at construction.
+//        overlapping x; m one of the batches prepared at construction;
+//   W's device current on the calling thread at run(). The raw-pointer
+//   run() can check only non-null, alignment, overlap, m and the current
+//   device: the operands' dtype, extent and device are the caller's word.
 // W is read before griddepcontrol.wait (programmatic dependent launch), x
 // after. run() may not allocate, synchronise or prepare a kernel; it is
 // CUDA-graph capturable (one kernel).
@@ -135,8 +138,13 @@ class PoolerGemm {
   void launch(const void* x, void* out, int m, cudaStream_t stream, bool publish) const;
 };
 
-// One launch of the skinny GEMM at `shape` (validated; for benchmarks and
-// tests that pick the shape themselves).
+// One launch of the skinny GEMM at `shape` on the current device (for
+// benchmarks and tests that pick the shape themselves): the shape, m,
+// alignment and overlap are checked (InvalidArgument), compute capability
+// 9.0+ (RuntimeError); W, x and out must be memory of the current device
+// (not checked). It loads its kernel lazily on first use, so its first call
+// for a (shape, row tile) may not be under CUDA graph capture; PoolerGemm
+// prepares its kernels at construction.
 void skinny_gemm(const PoolerGemmShape& shape, const void* w, const void* x, void* out, int n, int k,
                  int m, cudaStream_t stream, bool enable_pdl = true);
 

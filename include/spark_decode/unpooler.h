@@ -10,11 +10,18 @@
 //   W    BF16, 2-D, contiguous, 16-byte aligned, N % 16 == 0, on a device of
 //        compute capability 9.0 or newer (RuntimeError below that);
 //   x    BF16 [m, K] contiguous, 16-byte aligned, same device;
-//   out  BF16 [m, N] contiguous, 16-byte aligned, same device; may not alias x.
-//   The tactic: K = S * warps * kw with S in {1, 2, 4, 8}, 1 <= warps <= 32,
-//   kw one of the compiled widths, accs in {1, 2, 4}; for a batch served
-//   with R = 2 row tiles per CTA also N % 32 == 0, accs <= 2, at most 16
-//   warps per CTA, and the partials within the shared memory of a block.
+//   out  BF16 [m, N] contiguous, 16-byte aligned, same device; may not
+//        overlap x (both overloads of run check it);
+//   W's device current on the calling thread at run().
+//   The tactic: K = S * warps * kw with S in {1, 2, 4, 8}, kw one of the
+//   compiled widths (multiples of 32), 1 <= warps <= 32 and at most what
+//   kw's register budget allows per CTA (16 at kw = 256:
+//   unpooler_max_threads), accs in {1, 2, 4}, every warp partial within
+//   the shared memory of a block; for a batch served with R = 2 row tiles
+//   per CTA also N % 32 == 0, accs <= 2, at most 16 warps per CTA.
+//   launch_unsupported() names the failing rule. Construction also throws
+//   RuntimeError when the device cannot run the tactic (its shared memory
+//   opt-in below the tactic's, or no cluster of S CTAs fits).
 //
 // Semantics: out = bf16_rne(sum_k x * w) with FP32 accumulation in an order
 // fixed by (N, K, S, kw, accs) alone (not by the token tile or row tiles),
@@ -114,7 +121,11 @@ class Unpooler {
     // it refuses under CUDA graph capture.
     std::vector<int> rows;
     // Zero-copy publish into this mailbox (not owned; it must outlive the
-    // Unpooler), and optionally the ticket that gives its stage.
+    // Unpooler), and optionally the ticket that gives its stage: INT32 [1],
+    // non-null, 4-byte aligned, on the mailbox's device, a view that must
+    // outlive the Unpooler. Its stage (upper 16 bits) must be 0, 1 or 2
+    // when a run reads it: any other value traps the kernel with a printed
+    // reason (which poisons the CUDA context).
     LamportMailbox* mailbox = nullptr;
     std::optional<TensorRef> ticket;
   };

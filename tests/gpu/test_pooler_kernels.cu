@@ -186,11 +186,21 @@ namespace {
 // so a second run to the first), and every row equal to the same row
 // computed alone (m = 1) and in every larger batch.
 template <typename Run>
-void gemm_checks(const std::string& what, const std::vector<int>& ms, int n, int k, uint64_t seed, Run run) {
+void gemm_checks(const std::string& what, const std::vector<int>& ms, int n, int k, Dist dist, uint64_t seed,
+                 Run run) {
   const int M = sd::kPoolerMaxBatch;
   POOLER_REQUIRE(!ms.empty() && ms.front() == 1, what, " serves no batch at n ", n, " k ", k);
-  const auto w = normal_bf16(size_t(n) * k, seed, 0.05f);
-  const auto x = normal_bf16(size_t(M) * k, seed + 1);
+  // normal: small weights as in the model; the others from random_bf16
+  // (outliers, -0.0 / subnormal mixes, x large and w small for scaled).
+  std::vector<uint16_t> w, x;
+  if (dist == Dist::normal) {
+    w = normal_bf16(size_t(n) * k, seed, 0.05f);
+    x = normal_bf16(size_t(M) * k, seed + 1);
+  } else {
+    std::mt19937_64 g(seed);
+    w = random_bf16(size_t(n) * k, dist, dist == Dist::scaled ? -30 : 0, g);
+    x = random_bf16(size_t(M) * k, dist, dist == Dist::scaled ? 20 : 0, g);
+  }
   DeviceBuffer dw(w.size() * 2), dx(x.size() * 2);
   dw.upload(w.data(), w.size() * 2);
   dx.upload(x.data(), x.size() * 2);
@@ -248,16 +258,17 @@ TEST(PoolerGemm, EverySkinnyShapeIsAccurateReproducibleAndBatchInvariant) {
   for (const auto& shape : sd::pooler_gemm_shapes()) {
     // K = H (one chunk) and 2 H (two chunks, the weight reloaded in the loop);
     // a small N (cheap reference) that leaves few CTAs.
-    for (int k : {sd::kMuseSpark.hidden, 2 * sd::kMuseSpark.hidden}) {
-      try {
-        gemm_checks(shape.to_string(), all_batches(), 64, k, seed + k,
-                    [&](const void* w, const void* x, void* out, int m, bool pdl) {
-                      sd::skinny_gemm(shape, w, x, out, 64, k, m, nullptr, pdl);
-                    });
-      } catch (const std::exception& e) {
-        ADD_FAILURE() << e.what();
+    for (int k : {sd::kMuseSpark.hidden, 2 * sd::kMuseSpark.hidden})
+      for (Dist dist : kAllDists) {
+        try {
+          gemm_checks(shape.to_string() + " " + dist_name(dist), all_batches(), 64, k, dist, seed + k + int(dist),
+                      [&](const void* w, const void* x, void* out, int m, bool pdl) {
+                        sd::skinny_gemm(shape, w, x, out, 64, k, m, nullptr, pdl);
+                      });
+        } catch (const std::exception& e) {
+          ADD_FAILURE() << e.what();
+        }
       }
-    }
   }
 }
 

@@ -103,6 +103,13 @@ uint16_t MailboxModel::element(int rank, int stage, int source, int row, int col
   return data_[rank][layout_.offset(stage, source, row, col)].load(std::memory_order_acquire);
 }
 
+uint16_t MailboxModel::element_at(int rank, int64_t index) const {
+  SPARK_CHECK(rank >= 0 && rank < layout_.tp && index >= 0 &&
+                  index < layout_.copy_elems(),
+              "mailbox model: element ", index, " of rank ", rank, " is outside the copy");
+  return data_[rank][index].load(std::memory_order_acquire);
+}
+
 uint32_t MailboxModel::state_word(int rank, int word) const {
   return state_[rank * mailbox::kStateWords + word].load(std::memory_order_acquire);
 }

@@ -61,6 +61,9 @@ class MailboxModel {
   // Rank `rank`'s copy, for checks. Reading a stage a peer may be writing
   // gives either the sentinel or the value being written.
   uint16_t element(int rank, int stage, int source, int row, int col) const;
+  // The element at a flat index of rank's copy (3 tp capacity width of
+  // them), for tests that compute the layout themselves.
+  uint16_t element_at(int rank, int64_t index) const;
   uint32_t state_word(int rank, int word) const;
 
  private:

@@ -148,6 +148,15 @@ TEST(PoolerExpertNorm, WithinOneBf16UlpOfTheCpuReference) {
     ASSERT_EQ(dy.check_guards(), "");
     std::vector<uint16_t> y(x.size()), ref(x.size());
     dy.download(y.data(), y.size() * 2);
+    ASSERT_EQ(std::count(y.begin(), y.end(), kPoisonBf16), 0) << "cols " << cols << ": an element was not written";
+    // PDL off gives the same bits.
+    sd::ExpertNorm norm_off(sd::TensorRef::contiguous(dw.get(), sd::DType::bf16, {cols}, 0), eps, gc, false);
+    poison_bf16(dy);
+    norm_off.run(dx.get(), dy.get(), rows, nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<uint16_t> y_off(x.size());
+    dy.download(y_off.data(), y_off.size() * 2);
+    ASSERT_EQ(y_off, y) << "cols " << cols << ": PDL off differs from on";
     std::vector<double> exacts;
     sd::reference::expert_norm(x.data(), w.data(), ref.data(), rows, cols, eps, gc, &exacts);
     for (int r = 0; r < rows; ++r) {

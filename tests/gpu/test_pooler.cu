@@ -35,7 +35,7 @@ struct Shared {
 };
 
 void pooler_steps(sd::Group& group, int device, int pooled, int steps, const std::vector<int>& batches,
-                  std::optional<sd::PoolerGemmChoice> gemm, uint64_t seed, Shared& shared) {
+                  std::optional<sd::PoolerGemmChoice> gemm, bool pdl, uint64_t seed, Shared& shared) {
   const int tp = group.size(), rank = group.rank(), H = sd::kMuseSpark.hidden, L = sd::kMuseSpark.layers;
   const int shard = pooled / tp, cap = sd::kMuseSpark.max_batch;
   // Weights: W_full [P, H] per layer (this rank keeps its rows), norm
@@ -63,7 +63,7 @@ void pooler_steps(sd::Group& group, int device, int pooled, int steps, const std
   sd::PoolerOptions options;
   options.gemm = gemm;
   options.mailbox_guard_bytes = 4096;
-  sd::Pooler pooler(group, tp, rank, device, layers, batches, cap, true, options);
+  sd::Pooler pooler(group, tp, rank, device, layers, batches, cap, pdl, options);
   TestStream stream;
   pooler.warm_up(stream);
 
@@ -194,12 +194,12 @@ void pooler_steps(sd::Group& group, int device, int pooled, int steps, const std
 }
 
 void run(int tp, int devices, int pooled, int steps, std::vector<int> batches,
-         std::optional<sd::PoolerGemmChoice> gemm = std::nullopt) {
+         std::optional<sd::PoolerGemmChoice> gemm = std::nullopt, bool pdl = true) {
   const uint64_t seed = fresh_seed("pooler");
   Shared shared;
   shared.shards.resize(tp);
   for (const auto& f : run_on_gpus(
-           tp, [&](sd::Group& g, int d) { pooler_steps(g, d, pooled, steps, batches, gemm, seed, shared); }, devices))
+           tp, [&](sd::Group& g, int d) { pooler_steps(g, d, pooled, steps, batches, gemm, pdl, seed, shared); }, devices))
     ADD_FAILURE() << f;
 }
 
@@ -208,6 +208,13 @@ void run(int tp, int devices, int pooled, int steps, std::vector<int> batches,
 TEST(Pooler, SixtyTwoLayersSmallShapeOneGpu) {
   SKIP_WITHOUT_GPU(1);
   run(1, 1, 512, 24, {1, 3, 8, 16});
+}
+
+// Every kernel launched without programmatic dependent launch: the same
+// stock results.
+TEST(Pooler, SixtyTwoLayersPdlOffOneGpu) {
+  SKIP_WITHOUT_GPU(1);
+  run(1, 1, 512, 8, {1, 16}, std::nullopt, /*pdl=*/false);
 }
 
 TEST(Pooler, SixtyTwoLayersSmallShapeTwoGpus) {

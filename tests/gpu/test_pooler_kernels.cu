@@ -330,3 +330,42 @@ TEST(PoolerGemm, TableAndEveryEngineAtTheModelShape) {
     EXPECT_THROW(gemm.run(dx.get(), out.get(), 2, nullptr), sd::InvalidArgument);  // not prepared
   }
 }
+
+// Each engine chained on its own output (x of call r + 1 is out of call r,
+// written by the previous grid), PDL on against off: with PDL a GEMM starts
+// before its predecessor ends, so reading x before griddepcontrol.wait
+// would show here as different bits. A square [8192, 8192] weight scaled by
+// 1/sqrt(K) keeps the values in range over the chain.
+TEST(PoolerGemm, PdlChainEqualsPlainChain) {
+  SKIP_WITHOUT_GPU(1);
+  const uint64_t seed = fresh_seed("pooler gemm pdl chain");
+  const int n = sd::kMuseSpark.hidden, k = n, M = sd::kPoolerMaxBatch, chain = 10;
+  const auto w = normal_bf16(size_t(n) * k, seed, 0.011f);
+  const auto x = normal_bf16(size_t(M) * k, seed + 1);
+  DeviceBuffer dw(w.size() * 2), dx(x.size() * 2), links(size_t(M) * n * 2 * chain);
+  dw.upload(w.data(), w.size() * 2);
+  dx.upload(x.data(), x.size() * 2);
+  const auto weight = sd::TensorRef::contiguous(dw.get(), sd::DType::bf16, {n, k}, 0);
+  TestStream stream;
+  auto link = [&](int r) { return links.as<uint16_t>() + size_t(M) * n * r; };
+  for (const auto& f : table_and_candidates()) {
+    sd::PoolerGemm::Options o;
+    o.batches = servable(f, n, k, {1, 5, 16});
+    o.force = f;
+    sd::PoolerGemm on(weight, 1, o);
+    o.enable_pdl = false;
+    sd::PoolerGemm off(weight, 1, o);
+    for (int m : o.batches) {
+      std::vector<uint16_t> last[2];
+      for (int pdl = 0; pdl < 2; ++pdl) {
+        CUDA_CHECK(cudaMemset(links.get(), 0xff, links.bytes()));
+        for (int r = 0; r < chain; ++r) (pdl ? on : off).run(r ? link(r - 1) : dx.get(), link(r), m, stream);
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+        last[pdl] = download<uint16_t>(link(chain - 1), size_t(m) * n);
+      }
+      const std::string what = on.choice(m).to_string() + " m " + std::to_string(m);
+      EXPECT_EQ(std::count(last[1].begin(), last[1].end(), kPoisonBf16), 0) << what;
+      EXPECT_TRUE(last[0] == last[1]) << what << ": PDL on differs from off along the chain";
+    }
+  }
+}

@@ -95,7 +95,9 @@ class LamportMailbox {
   // Collective over `group`: every rank constructs its mailbox with the same
   // tp, capacity, width and options. Returns after every rank's copy is
   // initialised (a group barrier), so no peer can publish into a copy
-  // before its owner has filled it with the sentinel.
+  // before its owner has filled it with the sentinel. Allocates device
+  // memory (peer-mapped) and a pinned host word for timeout reports, and
+  // synchronises the device: not under CUDA graph capture.
   LamportMailbox(Group& group, int tp, int rank, int capacity, int width, int device,
                  Options options);
   LamportMailbox(Group& group, int tp, int rank, int capacity, int width, int device)
@@ -135,7 +137,7 @@ class LamportMailbox {
   std::optional<std::string> timeout_report() const;
 
   // Collective, not capturable: waits for every rank, runs one publish +
-  // gather of zero rows (capacity rows) on `stream` so that first-launch
+  // gather of `capacity` rows of zeros on `stream` so that first-launch
   // costs are paid here, synchronises, and waits for every rank again.
   // Allocates (and frees) scratch: call it before capture.
   void warm_up(cudaStream_t stream);

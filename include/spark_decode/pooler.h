@@ -157,8 +157,9 @@ class Pooler {
   // x BF16 [b, H] (the pre_ffn_norm output) -> the expert input.
   PoolerOutput run(int layer, const void* x, int b, cudaStream_t stream);
   PoolerOutput run(int layer, const TensorRef& x, cudaStream_t stream);
-  // One call of each form per batch on zero rows, before capture; every rank
-  // alike (collective; allocates and frees a zero input; synchronises).
+  // One call of each form per batch on an all-zero input, before capture;
+  // every rank alike (collective; allocates and frees that input;
+  // synchronises).
   void warm_up(cudaStream_t stream);
   // Collective: this device synchronised, then the group.
   void barrier() { mailbox_->barrier(); }

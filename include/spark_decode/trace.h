@@ -2,8 +2,8 @@
 // time goes between kernels (the lent GPU machines have no nsys).
 //
 // Compiled in only when the library is built with -DSPARK_DECODE_TRACE=ON;
-// otherwise compiled_in() is false, start() throws, and the kernels carry no
-// trace code at all. When compiled in and started, thread 0 of every CTA of
+// otherwise compiled_in() is false, start() and stop() throw RuntimeError,
+// and the kernels carry no trace code at all. When compiled in and started, thread 0 of every CTA of
 // the traced kernels appends one Record (the %globaltimer nanoseconds at the
 // CTA's entry, after its griddepcontrol.wait, and at its exit) to a device
 // buffer. That costs one atomic and one 56-byte store per CTA: timings taken
@@ -43,10 +43,12 @@ struct Record {
 };
 
 bool compiled_in();
-// Records up to `capacity` CTAs on the current device from now on.
+// Records up to `capacity` CTAs (1 .. 2^28) on the current device from now
+// on; InvalidArgument outside that range or when this device is already
+// recording.
 void start(size_t capacity);
 // Stops recording on the current device and returns what was recorded, in
-// the order the CTAs finished.
+// the order the CTAs finished; InvalidArgument when it is not recording.
 std::vector<Record> stop();
 
 }  // namespace spark_decode::trace

@@ -134,7 +134,9 @@ class Unpooler {
   explicit Unpooler(const TensorRef& weight, Options options);
   explicit Unpooler(const TensorRef& weight) : Unpooler(weight, Options{}) {}
 
-  // Rows [rank N, (rank + 1) N) of a replicated [H, K] weight, N = H / tp.
+  // Rows [rank N, (rank + 1) N) of a replicated [H, K] weight, N = H / tp
+  // (tp >= 1, H % tp == 0, 0 <= rank < tp: InvalidArgument otherwise), then
+  // the constructor's own checks on that view.
   static Unpooler from_moe(const TensorRef& full_weight, int tp, int rank, Options options);
   static Unpooler from_moe(const TensorRef& full_weight, int tp, int rank) {
     return from_moe(full_weight, tp, rank, Options{});

@@ -358,7 +358,7 @@ TEST(PoolerGemm, PdlChainEqualsPlainChain) {
     for (int m : o.batches) {
       std::vector<uint16_t> last[2];
       for (int pdl = 0; pdl < 2; ++pdl) {
-        CUDA_CHECK(cudaMemset(links.get(), 0xff, links.bytes()));
+        CUDA_CHECK(cudaMemsetAsync(links.get(), 0xff, links.bytes(), stream));  // ordered before the chain
         for (int r = 0; r < chain; ++r) (pdl ? on : off).run(r ? link(r - 1) : dx.get(), link(r), m, stream);
         CUDA_CHECK(cudaStreamSynchronize(stream));
         last[pdl] = download<uint16_t>(link(chain - 1), size_t(m) * n);

@@ -292,22 +292,29 @@ inline void graph_replay_equals_eager(Group& g, int n, int k, int replays, uint6
     const auto hx = random_bf16(size_t(cap) * k * Rank::kInputs, Dist::specials, 0, fresh);
     r.x.upload(hx.data(), hx.size() * 2);
   };
+  // Every rank makes all of a check's collective calls (expected_rows
+  // all-gathers) before any of them raises, so that one rank's failure is
+  // reported instead of leaving its peers waiting in a collective.
   auto check = [&](const char* when, int rep) {
     const auto got_rows = r.download(rows, per_call * kCalls);
     const auto got_ys = r.download(ys, size_t(cap) * n * kCalls);
+    std::string failure;
     for (int c = 0; c < kCalls; ++c) {
       const std::vector<uint16_t> y(got_ys.begin() + size_t(cap) * n * c,
                                     got_ys.begin() + size_t(cap) * n * c + size_t(ms[c]) * n);
+      const auto want_rows = expected_rows(g, y, ms[c], n);
       poison_bf16(r.out);
       plain.run(r.x_for(c), r.out.get(), ms[c], r.stream);
       CUDA_CHECK(cudaStreamSynchronize(r.stream));
-      ZC_REQUIRE(y == r.download(r.out, size_t(ms[c]) * n), when, " ", rep, " call ", c,
-                 ": y is not the product of this call's x");
       const std::vector<uint16_t> call_rows(got_rows.begin() + per_call * c,
                                             got_rows.begin() + per_call * c + size_t(ms[c]) * n * tp);
-      ZC_REQUIRE(call_rows == expected_rows(g, y, ms[c], n), when, " ", rep, " call ", c,
-                 ": gathered rows are not every rank's y");
+      if (!failure.empty()) continue;
+      if (y != r.download(r.out, size_t(ms[c]) * n))
+        failure = detail::concat(when, " ", rep, " call ", c, ": y is not the product of this call's x");
+      else if (call_rows != want_rows)
+        failure = detail::concat(when, " ", rep, " call ", c, ": gathered rows are not every rank's y");
     }
+    ZC_REQUIRE(failure.empty(), failure);
   };
   poison_bf16(rows);
   poison_bf16(ys);

@@ -27,9 +27,6 @@ namespace {
 
 constexpr uint16_t kSentinel = 0x8000;
 
-// The seed of `test` (tests/test_seed.h: printed, SPARK_TEST_SEED replays).
-uint64_t fresh_seed(const char* test) { return sd::testing::test_seed(test); }
-
 // The first failure of each rank, reported after the threads join (one
 // message per rank instead of a flood).
 struct Failures {
@@ -144,7 +141,7 @@ class MailboxModelRanks : public ::testing::TestWithParam<int> {};
 TEST_P(MailboxModelRanks, ThousandsOfCallsWithRandomRowsAndDelays) {
   const int tp = GetParam();
   const int calls = tp == 8 ? 2000 : 4000;
-  const uint64_t seed = fresh_seed("mailbox model");
+  const uint64_t seed = sd::testing::test_seed("mailbox model");
   const auto failures = run_many_calls(tp, calls, /*capacity=*/16, /*width=*/16, seed);
   for (const auto& f : failures) ADD_FAILURE() << f;
 }
@@ -153,7 +150,7 @@ INSTANTIATE_TEST_SUITE_P(Tp, MailboxModelRanks, ::testing::Values(2, 4, 8));
 
 TEST(MailboxModel, CapacityOfOneRowAndWideRows) {
   // The smallest capacity (every call b = 1) and rows of several vectors.
-  const uint64_t seed = fresh_seed("mailbox model capacity 1");
+  const uint64_t seed = sd::testing::test_seed("mailbox model capacity 1");
   for (const auto& f : run_many_calls(2, 600, /*capacity=*/1, /*width=*/40, seed)) ADD_FAILURE() << f;
 }
 
@@ -207,7 +204,7 @@ TEST(MailboxModel, RefusesRowsOutsideCapacityWithoutWriting) {
 TEST(MailboxModel, RankThatStopsPublishingTimesOutTheOthers) {
   const int tp = 4, stop_at = 37, cap = 8, width = 8;
   const auto timeout = std::chrono::milliseconds(150);
-  const uint64_t seed = fresh_seed("mailbox model timeout");
+  const uint64_t seed = sd::testing::test_seed("mailbox model timeout");
   MailboxModel model(tp, cap, width);
   std::mt19937_64 rng(seed);
   std::vector<int> rows(stop_at + 1);

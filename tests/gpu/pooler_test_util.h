@@ -182,9 +182,6 @@ class TestStream {
   cudaStream_t s_;
 };
 
-// The data seed of `what` in the running test (tests/test_seed.h).
-inline uint64_t fresh_seed(const char* what) { return test_seed(what); }
-
 // Every byte of the mailbox's allocation outside its data and state words
 // still holds the guard filler (Options::guard_bytes > 0).
 inline void check_mailbox_guards(const LamportMailbox& mb) {

@@ -32,15 +32,9 @@ namespace {
     if (!why_.empty()) GTEST_SKIP() << why_;    \
   } while (0)
 
-uint64_t fresh_seed(const char* what) {
-  const uint64_t seed = rng()();
-  std::printf("[%s] payload seed %llu\n", what, static_cast<unsigned long long>(seed));
-  return seed;
-}
-
 TEST(Mailbox, OneRankPublishesToItself) {
   SKIP_WITHOUT_GPU(1);
-  const uint64_t seed = fresh_seed("mailbox tp1");
+  const uint64_t seed = test_seed("mailbox tp1");
   const auto failures = run_on_gpus(1, [&](sd::Group& g, int r) {
     for (int width : {8, 2048}) payloads_arrive_bit_for_bit(g, r, width, seed + width);
   });
@@ -83,7 +77,7 @@ TEST(Mailbox, RefusesBadArgumentsBeforeLaunching) {
 
 TEST(Mailbox, PayloadsArriveBitForBitOnTwoGpus) {
   SKIP_WITHOUT_TWO_PEER_GPUS();
-  const uint64_t seed = fresh_seed("mailbox payloads");
+  const uint64_t seed = test_seed("mailbox payloads");
   // P / tp and H / tp at tp 2, and small widths that leave CTAs part-full.
   const auto failures = run_on_gpus(2, [&](sd::Group& g, int r) {
     for (int width : {2048, 4096, 8, 24, 1032}) payloads_arrive_bit_for_bit(g, r, width, seed + width);
@@ -93,7 +87,7 @@ TEST(Mailbox, PayloadsArriveBitForBitOnTwoGpus) {
 
 TEST(Mailbox, TenThousandCallsWithRandomRows) {
   SKIP_WITHOUT_TWO_PEER_GPUS();
-  const uint64_t seed = fresh_seed("mailbox 10k calls");
+  const uint64_t seed = test_seed("mailbox 10k calls");
   const auto failures =
       run_on_gpus(2, [&](sd::Group& g, int r) { many_calls_random_rows(g, r, 512, 10000, seed); });
   for (const auto& f : failures) ADD_FAILURE() << f;
@@ -101,7 +95,7 @@ TEST(Mailbox, TenThousandCallsWithRandomRows) {
 
 TEST(Mailbox, GraphOf16CallsReplayed1000Times) {
   SKIP_WITHOUT_TWO_PEER_GPUS();
-  const uint64_t seed = fresh_seed("mailbox graph");
+  const uint64_t seed = test_seed("mailbox graph");
   const auto failures =
       run_on_gpus(2, [&](sd::Group& g, int r) { graph_replays(g, r, 512, 16, 1000, seed); });
   for (const auto& f : failures) ADD_FAILURE() << f;

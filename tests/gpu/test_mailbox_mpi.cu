@@ -101,5 +101,5 @@ TEST(ZzMailboxMpiTimeout, SkippedCallTimesOutInsteadOfHanging) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return sd::testing::mpi_gtest_main(argc, argv, "mailbox mpi", [] { return rng()(); }, g_seed);
+  return sd::testing::mpi_gtest_main(argc, argv, "mailbox mpi", [] { return sd::testing::test_base_seed(); }, g_seed);
 }

@@ -195,7 +195,7 @@ void pooler_steps(sd::Group& group, int device, int pooled, int steps, const std
 
 void run(int tp, int devices, int pooled, int steps, std::vector<int> batches,
          std::optional<sd::PoolerGemmChoice> gemm = std::nullopt, bool pdl = true) {
-  const uint64_t seed = fresh_seed("pooler");
+  const uint64_t seed = test_seed("pooler");
   Shared shared;
   shared.shards.resize(tp);
   for (const auto& f : run_on_gpus(

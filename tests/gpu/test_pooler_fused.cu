@@ -276,7 +276,7 @@ void gemm_publish_equals_run_plus_publish(sd::Group& group, int device, uint64_t
 
 TEST(PoolerGemmPublish, FusedEqualsRunPlusPublishOneGpu) {
   SKIP_WITHOUT_GPU(1);
-  const uint64_t seed = fresh_seed("gemm publish tp1");
+  const uint64_t seed = test_seed("gemm publish tp1");
   for (const auto& f : run_on_gpus(1, [&](sd::Group& g, int d) { gemm_publish_equals_run_plus_publish(g, d, seed); }))
     ADD_FAILURE() << f;
 }
@@ -284,7 +284,7 @@ TEST(PoolerGemmPublish, FusedEqualsRunPlusPublishOneGpu) {
 TEST(PoolerGemmPublish, FusedEqualsRunPlusPublishTwoGpus) {
   const std::string why = peer_gpus_unavailable_reason(2);
   if (!why.empty()) GTEST_SKIP() << why;
-  const uint64_t seed = fresh_seed("gemm publish tp2");
+  const uint64_t seed = test_seed("gemm publish tp2");
   for (const auto& f : run_on_gpus(2, [&](sd::Group& g, int d) { gemm_publish_equals_run_plus_publish(g, d, seed); }))
     ADD_FAILURE() << f;
 }
@@ -293,7 +293,7 @@ TEST(PoolerGemmPublish, FusedEqualsRunPlusPublishTwoGpus) {
 // copy) where no second GPU is lent; host barriers separate publish and gather.
 TEST(PoolerGemmPublish, FusedEqualsRunPlusPublishTwoRanksOnOneGpu) {
   SKIP_WITHOUT_GPU(1);
-  const uint64_t seed = fresh_seed("gemm publish tp2 one gpu");
+  const uint64_t seed = test_seed("gemm publish tp2 one gpu");
   for (const auto& f :
        run_on_gpus(2, [&](sd::Group& g, int d) { gemm_publish_equals_run_plus_publish(g, d, seed); }, 1))
     ADD_FAILURE() << f;
@@ -301,7 +301,7 @@ TEST(PoolerGemmPublish, FusedEqualsRunPlusPublishTwoRanksOnOneGpu) {
 
 TEST(PoolerFused, EqualsStockBitForBitOneGpu) {
   SKIP_WITHOUT_GPU(1);
-  const uint64_t seed = fresh_seed("fused tp1");
+  const uint64_t seed = test_seed("fused tp1");
   for (const auto& f : run_on_gpus(1, [&](sd::Group& g, int d) { fused_equals_stock(g, d, 8, seed); }))
     ADD_FAILURE() << f;
 }
@@ -309,7 +309,7 @@ TEST(PoolerFused, EqualsStockBitForBitOneGpu) {
 TEST(PoolerFused, EqualsStockBitForBitTwoGpus) {
   const std::string why = peer_gpus_unavailable_reason(2);
   if (!why.empty()) GTEST_SKIP() << why;
-  const uint64_t seed = fresh_seed("fused tp2");
+  const uint64_t seed = test_seed("fused tp2");
   for (const auto& f : run_on_gpus(2, [&](sd::Group& g, int d) { fused_equals_stock(g, d, 8, seed); }))
     ADD_FAILURE() << f;
 }
@@ -318,14 +318,14 @@ TEST(PoolerFused, EqualsStockAtTp4OnTwoGpus) {
   std::string why = peer_gpus_unavailable_reason(2);
   if (why.empty()) why = shared_gpu_heavy_reason();
   if (!why.empty()) GTEST_SKIP() << why;
-  const uint64_t seed = fresh_seed("fused tp4");
+  const uint64_t seed = test_seed("fused tp4");
   for (const auto& f : run_on_gpus(4, [&](sd::Group& g, int d) { fused_equals_stock(g, d, 2, seed); }, 2))
     ADD_FAILURE() << f;
 }
 
 TEST(PoolerEdge, EqualsStockExceptSignOfZero) {
   SKIP_WITHOUT_GPU(1);
-  const uint64_t seed = fresh_seed("edge");
+  const uint64_t seed = test_seed("edge");
   for (const auto& f : run_on_gpus(1, [&](sd::Group& g, int d) { edge_equals_stock_but_sign_of_zero(g, d, seed); }))
     ADD_FAILURE() << f;
   if (peer_gpus_unavailable_reason(2).empty())

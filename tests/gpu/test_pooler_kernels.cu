@@ -46,7 +46,7 @@ double e4m3_midpoint_distance(float v) {
 
 TEST(PoolerNvfp4, GpuQuantizerEqualsCpuReferenceExceptRcpApprox) {
   SKIP_WITHOUT_GPU(1);
-  const uint64_t seed = fresh_seed("nvfp4 gpu vs cpu");
+  const uint64_t seed = test_seed("nvfp4 gpu vs cpu");
   const int rows = 8192, cols = sd::kMuseSpark.pooled;
   // gs in FP32's normal range (rcp.approx.ftz flushes subnormals; no model
   // uses one): typical (448 * 6 / amax), 1, and far from 1 both ways.
@@ -125,7 +125,7 @@ TEST(PoolerNvfp4, RefusesBadArguments) {
 
 TEST(PoolerExpertNorm, WithinOneBf16UlpOfTheCpuReference) {
   SKIP_WITHOUT_GPU(1);
-  const uint64_t seed = fresh_seed("expert norm");
+  const uint64_t seed = test_seed("expert norm");
   std::mt19937_64 g(seed);
   for (int cols : {512, sd::kMuseSpark.pooled}) {
     const int rows = 777;
@@ -263,7 +263,7 @@ std::vector<int> all_batches() {
 
 TEST(PoolerGemm, EverySkinnyShapeIsAccurateReproducibleAndBatchInvariant) {
   SKIP_WITHOUT_GPU(1);
-  const uint64_t seed = fresh_seed("skinny gemm");
+  const uint64_t seed = test_seed("skinny gemm");
   for (const auto& shape : sd::pooler_gemm_shapes()) {
     // K = H (one chunk) and 2 H (two chunks, the weight reloaded in the loop);
     // a small N (cheap reference) that leaves few CTAs.
@@ -283,7 +283,7 @@ TEST(PoolerGemm, EverySkinnyShapeIsAccurateReproducibleAndBatchInvariant) {
 
 TEST(PoolerGemm, TableAndEveryEngineAtTheModelShape) {
   SKIP_WITHOUT_GPU(1);
-  const uint64_t seed = fresh_seed("pooler gemm model shape");
+  const uint64_t seed = test_seed("pooler gemm model shape");
   const int tp = 2, n = sd::kMuseSpark.pooled / tp, k = sd::kMuseSpark.hidden, M = sd::kPoolerMaxBatch;
   const auto w = normal_bf16(size_t(n) * k, seed, 0.05f);
   const auto x = normal_bf16(size_t(M) * k, seed + 1);
@@ -338,7 +338,7 @@ TEST(PoolerGemm, TableAndEveryEngineAtTheModelShape) {
 // 1/sqrt(K) keeps the values in range over the chain.
 TEST(PoolerGemm, PdlChainEqualsPlainChain) {
   SKIP_WITHOUT_GPU(1);
-  const uint64_t seed = fresh_seed("pooler gemm pdl chain");
+  const uint64_t seed = test_seed("pooler gemm pdl chain");
   const int n = sd::kMuseSpark.hidden, k = n, M = sd::kPoolerMaxBatch, chain = 10;
   const auto w = normal_bf16(size_t(n) * k, seed, 0.011f);
   const auto x = normal_bf16(size_t(M) * k, seed + 1);

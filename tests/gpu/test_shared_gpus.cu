@@ -38,7 +38,7 @@ void expect_no_failures(const std::vector<std::string>& failures) {
 
 TEST(SharedGpus, MailboxAtTp4AndTp8) {
   SKIP_WITHOUT_PEER_GPUS();
-  const uint64_t seed = rng()();
+  const uint64_t seed = test_seed("shared gpus");
   for (int tp : {4, 8}) {
     const int width = sd::kMuseSpark.pooled / tp;
     expect_no_failures(run_on_gpus(
@@ -54,7 +54,7 @@ TEST(SharedGpus, MailboxAtTp4AndTp8) {
 TEST(SharedGpus, ZeroCopyUnpoolerAtTp4AndTp8) {
   SKIP_WITHOUT_PEER_GPUS();
   if (const std::string why = shared_gpu_heavy_reason(); !why.empty()) GTEST_SKIP() << why;
-  const uint64_t seed = rng()();
+  const uint64_t seed = test_seed("shared gpus");
   for (int tp : {4, 8}) {
     const int n = sd::kMuseSpark.hidden / tp, k = sd::kMuseSpark.pooled;
     expect_no_failures(run_on_gpus(
@@ -69,7 +69,7 @@ TEST(SharedGpus, ZeroCopyUnpoolerAtTp4AndTp8) {
 
 TEST(SharedGpus, Tp2OnOneGpu) {
   SKIP_WITHOUT_GPU(1);
-  const uint64_t seed = rng()();
+  const uint64_t seed = test_seed("shared gpus");
   const int width = sd::kMuseSpark.pooled / 2;
   expect_no_failures(run_on_gpus(
       2,

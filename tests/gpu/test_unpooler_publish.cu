@@ -26,7 +26,7 @@ void expect_no_failures(const std::vector<std::string>& failures) {
   for (const auto& f : failures) ADD_FAILURE() << f;
 }
 
-uint64_t seed() { return rng()(); }
+uint64_t seed() { return test_seed("zero-copy"); }
 
 }  // namespace
 

@@ -25,7 +25,11 @@ rc=0
 
 if has build; then
   say "build $(date -u +%T)"
-  if ! { cmake --preset h200 ${NCCL_DIR:+-DSPARK_DECODE_NCCL_DIR=$NCCL_DIR} &&
+  # The Python package against the image's torch venv (its tests join -L gpu).
+  PY=/opt/torch/.venv/bin/python
+  pyargs=()
+  [ -x "$PY" ] && pyargs=(-DPython3_EXECUTABLE="$PY" -DSPARK_DECODE_PYTHON=ON)
+  if ! { cmake --preset h200 ${NCCL_DIR:+-DSPARK_DECODE_NCCL_DIR=$NCCL_DIR} "${pyargs[@]}" &&
          cmake --build --preset h200 -j "$(nproc)"; } >"$OUT/build.log" 2>&1; then
     tail -60 "$OUT/build.log" | tee -a "$LOG"
     exit 1

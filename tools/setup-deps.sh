@@ -5,7 +5,8 @@ set -euo pipefail
 
 need=()
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
-for pkg in cmake ninja-build g++ libgtest-dev nlohmann-json3-dev libcli11-dev libopenmpi-dev openmpi-bin; do
+for pkg in cmake ninja-build g++ libgtest-dev nlohmann-json3-dev libcli11-dev libopenmpi-dev openmpi-bin \
+           python3-dev pybind11-dev; do
   have_pkg "$pkg" || need+=("$pkg")
 done
 if ((${#need[@]})); then

@@ -1,0 +1,427 @@
+// spark_decode._C: the library's classes for Python, torch-free.
+//
+// Tensors cross this boundary as plain descriptions, (data pointer, dtype
+// name, shape, strides in elements, device ordinal or -1), and streams as
+// the integer value of a cudaStream_t: the Python package (spark_decode/)
+// turns torch tensors and torch's current stream into those and wraps the
+// scratch views the Pooler returns back into tensors. So this module needs
+// no torch headers and no pybind11 ABI shared with torch, and the library
+// below it keeps its one dependency, the CUDA toolkit.
+//
+// Lifetimes: the C++ objects hold views (weights, norm weights, scales,
+// tickets) and a Group reference; the Python classes keep those objects
+// alive for as long as the C++ object lives (and keep_alive below does the
+// same for the mailbox and group arguments).
+//
+// Errors: spark_decode::InvalidArgument is raised as InvalidArgument, a
+// subclass of ValueError; spark_decode::RuntimeError (and any other library
+// error) as SparkRuntimeError, a subclass of RuntimeError.
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "spark_decode/error.h"
+#include "spark_decode/expert_norm.h"
+#include "spark_decode/group.h"
+#include "spark_decode/mailbox.h"
+#include "spark_decode/pooler.h"
+#include "spark_decode/pooler_gemm.h"
+#include "spark_decode/unpooler.h"
+
+namespace py = pybind11;
+namespace sd = spark_decode;
+
+namespace {
+
+// ---- tensor descriptions -----------------------------------------------------
+
+sd::DType dtype_from(const std::string& name) {
+  for (sd::DType d : {sd::DType::bf16, sd::DType::f32, sd::DType::i32, sd::DType::u8, sd::DType::e4m3})
+    if (name == sd::dtype_name(d)) return d;
+  throw sd::InvalidArgument("dtype '" + name + "' is not one the library takes (bf16, f32, i32, u8, e4m3)");
+}
+
+// (data, dtype, shape, strides, device) -> TensorRef.
+sd::TensorRef tensor_ref(const py::tuple& t) {
+  if (t.size() != 5) throw sd::InvalidArgument("a tensor description is (data, dtype, shape, strides, device)");
+  sd::TensorRef r;
+  r.data = reinterpret_cast<void*>(t[0].cast<uintptr_t>());
+  r.dtype = dtype_from(t[1].cast<std::string>());
+  const auto shape = t[2].cast<std::vector<int64_t>>();
+  const auto stride = t[3].cast<std::vector<int64_t>>();
+  if (shape.size() != stride.size() || shape.size() > sd::TensorRef::kMaxDims)
+    throw sd::InvalidArgument("tensors of at most " + std::to_string(sd::TensorRef::kMaxDims) + " dimensions");
+  r.ndim = static_cast<int>(shape.size());
+  for (int i = 0; i < r.ndim; ++i) {
+    r.shape[i] = shape[i];
+    r.stride[i] = stride[i];
+  }
+  r.device = t[4].cast<int>();
+  return r;
+}
+
+std::optional<sd::TensorRef> optional_ref(const std::optional<py::tuple>& t) {
+  if (!t) return std::nullopt;
+  return tensor_ref(*t);
+}
+
+// TensorRef -> (data, dtype, shape, strides, device).
+py::tuple describe(const sd::TensorRef& r) {
+  std::vector<int64_t> shape(r.shape.begin(), r.shape.begin() + r.ndim);
+  std::vector<int64_t> stride(r.stride.begin(), r.stride.begin() + r.ndim);
+  return py::make_tuple(reinterpret_cast<uintptr_t>(r.data), std::string(sd::dtype_name(r.dtype)),
+                        py::tuple(py::cast(shape)), py::tuple(py::cast(stride)), r.device);
+}
+
+cudaStream_t stream_of(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
+
+// ---- tactics --------------------------------------------------------------------
+
+py::dict tactic_dict(const sd::UnpoolerTactic& t) {
+  py::dict d;
+  d["splits"] = t.splits;
+  d["kw"] = t.kw;
+  d["accs"] = t.accs;
+  d["token_tile"] = std::vector<int>(t.token_tile.begin(), t.token_tile.end());
+  d["row_tiles"] = std::vector<int>(t.row_tiles.begin(), t.row_tiles.end());
+  return d;
+}
+
+// Keys missing from `d` keep the table's value for [n, k].
+sd::UnpoolerTactic tactic_from(const py::dict& d, int n, int k) {
+  sd::UnpoolerTactic t = sd::unpooler_tactic(n, k);
+  for (auto item : d) {
+    const auto key = item.first.cast<std::string>();
+    if (key == "splits") {
+      t.splits = item.second.cast<int>();
+    } else if (key == "kw") {
+      t.kw = item.second.cast<int>();
+    } else if (key == "accs") {
+      t.accs = item.second.cast<int>();
+    } else if (key == "token_tile" || key == "row_tiles") {
+      const auto v = item.second.cast<std::vector<int>>();
+      auto& dst = key == "token_tile" ? t.token_tile : t.row_tiles;
+      if (v.size() != dst.size())
+        throw sd::InvalidArgument(key + " needs one entry per m in 1.." + std::to_string(dst.size()));
+      std::copy(v.begin(), v.end(), dst.begin());
+    } else {
+      throw sd::InvalidArgument("unknown tactic field '" + key + "'");
+    }
+  }
+  return t;
+}
+
+sd::Unpooler::Options unpooler_options(sd::LamportMailbox* mailbox, bool enable_pdl,
+                                       const std::optional<py::tuple>& ticket, std::vector<int> rows,
+                                       const std::optional<py::dict>& tactic, int n, int k) {
+  sd::Unpooler::Options o;
+  o.enable_pdl = enable_pdl;
+  o.mailbox = mailbox;
+  o.ticket = optional_ref(ticket);
+  o.rows = std::move(rows);
+  if (tactic) o.tactic = tactic_from(*tactic, n, k);
+  return o;
+}
+
+// ---- a Group whose all-gather and barrier are Python callables -------------------
+
+// The rendezvous over torch.distributed (spark_decode/group.py) or anything
+// else Python can reach. Called only at construction, warm-up and barriers,
+// from the thread that holds (or re-takes) the GIL.
+class CallbackGroup final : public sd::Group {
+ public:
+  CallbackGroup(int rank, int size, std::function<py::bytes(py::bytes)> all_gather,
+                std::function<void()> barrier)
+      : rank_(rank), size_(size), all_gather_(std::move(all_gather)), barrier_(std::move(barrier)) {
+    SPARK_CHECK(size >= 1 && rank >= 0 && rank < size, "group rank ", rank, " of size ", size);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::vector<uint8_t> all_gather(const void* data, size_t bytes) override {
+    py::gil_scoped_acquire gil;
+    const std::string got =
+        all_gather_(py::bytes(static_cast<const char*>(data), bytes)).cast<std::string>();
+    SPARK_CHECK(got.size() == bytes * static_cast<size_t>(size_), "the group's all_gather returned ", got.size(),
+                " bytes, expected ", size_, " x ", bytes);
+    return std::vector<uint8_t>(got.begin(), got.end());
+  }
+  void barrier() override {
+    py::gil_scoped_acquire gil;
+    barrier_();
+  }
+
+ private:
+  int rank_, size_;
+  std::function<py::bytes(py::bytes)> all_gather_;
+  std::function<void()> barrier_;
+};
+
+py::dict pooler_output(const sd::PoolerOutput& o) {
+  py::dict d;
+  d["nvfp4"] = o.nvfp4;
+  if (o.nvfp4) {
+    d["a"] = describe(o.a);
+    d["a_sf"] = describe(o.a_sf);
+  } else {
+    d["normed"] = describe(o.normed);
+  }
+  return d;
+}
+
+sd::PoolerLayer pooler_layer_from(const py::tuple& t) {
+  if (t.size() != 5)
+    throw sd::InvalidArgument("a pooler layer is (weight, norm_weight, eps, gain_center, global_scale)");
+  sd::PoolerLayer l;
+  l.weight = tensor_ref(t[0].cast<py::tuple>());
+  l.norm_weight = tensor_ref(t[1].cast<py::tuple>());
+  l.eps = t[2].cast<float>();
+  l.gain_center = t[3].cast<float>();
+  if (!t[4].is_none()) l.global_scale = tensor_ref(t[4].cast<py::tuple>());
+  return l;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "spark-decode's C++ classes over tensor descriptions (use the spark_decode package)";
+  static py::exception<sd::InvalidArgument> invalid(m, "InvalidArgument", PyExc_ValueError);
+  static py::exception<sd::Error> runtime(m, "SparkRuntimeError", PyExc_RuntimeError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const sd::InvalidArgument& e) {
+      invalid(e.what());
+    } catch (const sd::Error& e) {
+      runtime(e.what());
+    }
+  });
+
+  // ---- Unpooler ----
+  m.def("launch_unsupported", py::overload_cast<int, int, int, int, int>(&sd::launch_unsupported),
+        py::arg("n"), py::arg("k"), py::arg("splits"), py::arg("kw"), py::arg("accs"));
+  m.def("tactic_unsupported", [](int n, int k, const py::dict& t) {
+    return sd::launch_unsupported(n, k, tactic_from(t, n, k));
+  });
+  m.def("unpooler_tactic", [](int n, int k) { return tactic_dict(sd::unpooler_tactic(n, k)); });
+  m.def("format_unpooler_tactic_table", &sd::format_unpooler_tactic_table);
+  m.def("format_pooler_gemm_table", &sd::format_pooler_gemm_table);
+  m.attr("UNPOOLER_MAX_M") = sd::kUnpoolerMaxM;
+
+  py::class_<sd::Unpooler>(m, "Unpooler")
+      .def(py::init([](const py::tuple& weight, sd::LamportMailbox* mailbox, bool enable_pdl,
+                       const std::optional<py::tuple>& ticket, std::vector<int> rows,
+                       const std::optional<py::dict>& tactic) {
+             const sd::TensorRef w = tensor_ref(weight);
+             const int n = w.ndim == 2 ? static_cast<int>(w.shape[0]) : 0;
+             const int k = w.ndim == 2 ? static_cast<int>(w.shape[1]) : 0;
+             return sd::Unpooler(w, unpooler_options(mailbox, enable_pdl, ticket, std::move(rows), tactic, n, k));
+           }),
+           py::arg("weight"), py::arg("mailbox").none(true), py::arg("enable_pdl"), py::arg("ticket").none(true),
+           py::arg("rows"), py::arg("tactic").none(true), py::keep_alive<1, 3>())
+      .def_static(
+          "from_moe",
+          [](const py::tuple& full_weight, int tp, int rank, sd::LamportMailbox* mailbox, bool enable_pdl,
+             const std::optional<py::tuple>& ticket, std::vector<int> rows, const std::optional<py::dict>& tactic) {
+            const sd::TensorRef w = tensor_ref(full_weight);
+            // The table's tactic is the shard's ([H / tp, K]), as the constructor would pick it.
+            const int n = w.ndim == 2 && tp >= 1 ? static_cast<int>(w.shape[0]) / tp : 0;
+            const int k = w.ndim == 2 ? static_cast<int>(w.shape[1]) : 0;
+            return sd::Unpooler::from_moe(
+                w, tp, rank, unpooler_options(mailbox, enable_pdl, ticket, std::move(rows), tactic, n, k));
+          },
+          py::arg("full_weight"), py::arg("tp"), py::arg("rank"), py::arg("mailbox").none(true),
+          py::arg("enable_pdl"), py::arg("ticket").none(true), py::arg("rows"), py::arg("tactic").none(true),
+          py::keep_alive<0, 4>())
+      .def_static(
+          "unsupported",
+          [](const py::tuple& weight, const std::optional<py::dict>& tactic) {
+            const sd::TensorRef w = tensor_ref(weight);
+            if (!tactic) return sd::Unpooler::unsupported(w);
+            const int n = w.ndim == 2 ? static_cast<int>(w.shape[0]) : 0;
+            const int k = w.ndim == 2 ? static_cast<int>(w.shape[1]) : 0;
+            return sd::Unpooler::unsupported(w, tactic_from(*tactic, n, k));
+          },
+          py::arg("weight"), py::arg("tactic").none(true))
+      .def(
+          "run",
+          [](sd::Unpooler& u, const py::tuple& x, const py::tuple& out, uintptr_t stream) {
+            const sd::TensorRef xr = tensor_ref(x), outr = tensor_ref(out);
+            py::gil_scoped_release release;
+            u.run(xr, outr, stream_of(stream));
+          },
+          py::arg("x"), py::arg("out"), py::arg("stream"))
+      .def_property_readonly("n", &sd::Unpooler::n)
+      .def_property_readonly("k", &sd::Unpooler::k)
+      .def_property_readonly("max_m", &sd::Unpooler::max_m)
+      .def_property_readonly("device", &sd::Unpooler::device)
+      .def_property_readonly("enable_pdl", &sd::Unpooler::enable_pdl)
+      .def_property_readonly("tactic", [](const sd::Unpooler& u) { return tactic_dict(u.tactic()); })
+      .def("prepared", &sd::Unpooler::prepared, py::arg("tile"), py::arg("row_tiles") = 1);
+
+  // ---- Group, LamportMailbox ----
+  py::class_<sd::Group>(m, "Group")
+      .def_property_readonly("rank", &sd::Group::rank)
+      .def_property_readonly("size", &sd::Group::size);
+  py::class_<CallbackGroup, sd::Group>(m, "CallbackGroup")
+      .def(py::init<int, int, std::function<py::bytes(py::bytes)>, std::function<void()>>(), py::arg("rank"),
+           py::arg("size"), py::arg("all_gather"), py::arg("barrier"));
+
+  py::class_<sd::LamportMailbox>(m, "LamportMailbox")
+      .def(py::init([](sd::Group& group, int tp, int rank, int capacity, int width, int device,
+                       double spin_timeout_s, size_t guard_bytes) {
+             sd::LamportMailbox::Options o;
+             o.spin_timeout_s = spin_timeout_s;
+             o.guard_bytes = guard_bytes;
+             return std::make_unique<sd::LamportMailbox>(group, tp, rank, capacity, width, device, o);
+           }),
+           py::arg("group"), py::arg("tp"), py::arg("rank"), py::arg("capacity"), py::arg("width"),
+           py::arg("device"), py::arg("spin_timeout_s"), py::arg("guard_bytes") = 0, py::keep_alive<1, 2>())
+      .def(
+          "publish",
+          [](sd::LamportMailbox& mb, const py::tuple& src, uintptr_t stream, bool enable_pdl) {
+            const sd::TensorRef s = tensor_ref(src);
+            sd::LamportMailbox::PublishOptions o;
+            o.enable_pdl = enable_pdl;
+            py::gil_scoped_release release;
+            mb.publish(s, stream_of(stream), o);
+          },
+          py::arg("src"), py::arg("stream"), py::arg("enable_pdl") = true)
+      .def(
+          "gather",
+          [](sd::LamportMailbox& mb, const py::tuple& out, uintptr_t stream, bool enable_pdl) {
+            const sd::TensorRef o = tensor_ref(out);
+            sd::LamportMailbox::GatherOptions opt;
+            opt.enable_pdl = enable_pdl;
+            py::gil_scoped_release release;
+            mb.gather(o, stream_of(stream), opt);
+          },
+          py::arg("out"), py::arg("stream"), py::arg("enable_pdl") = true)
+      .def("synchronize", [](const sd::LamportMailbox& mb, uintptr_t stream) { mb.synchronize(stream_of(stream)); })
+      .def("timeout_report", &sd::LamportMailbox::timeout_report)
+      .def("warm_up", [](sd::LamportMailbox& mb, uintptr_t stream) { mb.warm_up(stream_of(stream)); })
+      .def("barrier", &sd::LamportMailbox::barrier)
+      .def_property_readonly("tp", &sd::LamportMailbox::tp)
+      .def_property_readonly("rank", &sd::LamportMailbox::rank)
+      .def_property_readonly("capacity", &sd::LamportMailbox::capacity)
+      .def_property_readonly("width", &sd::LamportMailbox::width)
+      .def_property_readonly("device", &sd::LamportMailbox::device)
+      .def_property_readonly("stage_state", [](const sd::LamportMailbox& mb) {
+        return describe(sd::TensorRef::contiguous(mb.stage_state(), sd::DType::i32, {2}, mb.device()));
+      });
+
+  // ---- ExpertNorm ----
+  py::class_<sd::ExpertNorm>(m, "ExpertNorm")
+      .def(py::init([](const py::tuple& weight, float eps, float gain_center, bool enable_pdl) {
+             return sd::ExpertNorm(tensor_ref(weight), eps, gain_center, enable_pdl);
+           }),
+           py::arg("weight"), py::arg("eps"), py::arg("gain_center"), py::arg("enable_pdl"))
+      .def_static("cols_unsupported", &sd::ExpertNorm::cols_unsupported)
+      .def(
+          "run",
+          [](const sd::ExpertNorm& e, const py::tuple& x, const py::tuple& y, uintptr_t stream) {
+            const sd::TensorRef xr = tensor_ref(x), yr = tensor_ref(y);
+            py::gil_scoped_release release;
+            e.run(xr, yr, stream_of(stream));
+          },
+          py::arg("x"), py::arg("y"), py::arg("stream"))
+      .def_property_readonly("cols", &sd::ExpertNorm::cols);
+
+  // ---- Pooler ----
+  m.def(
+      "pooler_layer",
+      [](const py::tuple& pooler_weight, bool norm_present, bool has_weight,
+         std::optional<int> variance_size_override, bool applies_weight_before_norm,
+         const std::optional<py::tuple>& norm_weight, float variance_epsilon, float fused_gain_center,
+         const std::optional<py::tuple>& global_scale, int tp, int rank) {
+        sd::StockMoeLayer moe;
+        moe.pooler_weight = tensor_ref(pooler_weight);
+        moe.pre_expert_norm.present = norm_present;
+        moe.pre_expert_norm.has_weight = has_weight;
+        moe.pre_expert_norm.variance_size_override = variance_size_override;
+        moe.pre_expert_norm.applies_weight_before_norm = applies_weight_before_norm;
+        if (norm_weight) moe.pre_expert_norm.weight = tensor_ref(*norm_weight);
+        moe.pre_expert_norm.variance_epsilon = variance_epsilon;
+        moe.pre_expert_norm.fused_gain_center = fused_gain_center;
+        moe.nvfp4_input_global_scale = optional_ref(global_scale);
+        const sd::PoolerLayer l = sd::pooler_layer(moe, tp, rank);
+        return py::make_tuple(describe(l.weight), describe(l.norm_weight), l.eps, l.gain_center,
+                              l.global_scale ? py::object(describe(*l.global_scale)) : py::object(py::none()));
+      },
+      py::arg("pooler_weight"), py::arg("norm_present"), py::arg("has_weight"),
+      py::arg("variance_size_override").none(true), py::arg("applies_weight_before_norm"),
+      py::arg("norm_weight").none(true), py::arg("variance_epsilon"), py::arg("fused_gain_center"),
+      py::arg("global_scale").none(true), py::arg("tp"), py::arg("rank"));
+
+  py::class_<sd::Pooler>(m, "Pooler")
+      .def(py::init([](sd::Group& group, int tp, int rank, int device, const std::vector<py::tuple>& layers,
+                       std::vector<int> batches, int capacity, bool enable_pdl, double spin_timeout_s) {
+             std::vector<sd::PoolerLayer> ls;
+             for (const auto& l : layers) ls.push_back(pooler_layer_from(l));
+             sd::PoolerOptions o;
+             o.spin_timeout_s = spin_timeout_s;
+             return std::make_unique<sd::Pooler>(group, tp, rank, device, std::move(ls), std::move(batches),
+                                                 capacity, enable_pdl, o);
+           }),
+           py::arg("group"), py::arg("tp"), py::arg("rank"), py::arg("device"), py::arg("layers"),
+           py::arg("batches"), py::arg("capacity"), py::arg("enable_pdl"), py::arg("spin_timeout_s"),
+           py::keep_alive<1, 2>())
+      .def(
+          "project",
+          [](sd::Pooler& p, int layer, const py::tuple& x, uintptr_t stream) {
+            const sd::TensorRef xr = tensor_ref(x);
+            sd::TensorRef out;
+            {
+              py::gil_scoped_release release;
+              out = p.project(layer, xr, stream_of(stream));
+            }
+            return describe(out);
+          },
+          py::arg("layer"), py::arg("x"), py::arg("stream"))
+      .def(
+          "publish",
+          [](sd::Pooler& p, int b, uintptr_t stream) {
+            py::gil_scoped_release release;
+            p.publish(b, stream_of(stream));
+          },
+          py::arg("b"), py::arg("stream"))
+      .def(
+          "gather",
+          [](sd::Pooler& p, int layer, int b, uintptr_t stream) {
+            sd::PoolerOutput o;
+            {
+              py::gil_scoped_release release;
+              o = p.gather(layer, b, stream_of(stream));
+            }
+            return pooler_output(o);
+          },
+          py::arg("layer"), py::arg("b"), py::arg("stream"))
+      .def(
+          "run",
+          [](sd::Pooler& p, int layer, const py::tuple& x, uintptr_t stream) {
+            const sd::TensorRef xr = tensor_ref(x);
+            sd::PoolerOutput o;
+            {
+              py::gil_scoped_release release;
+              o = p.run(layer, xr, stream_of(stream));
+            }
+            return pooler_output(o);
+          },
+          py::arg("layer"), py::arg("x"), py::arg("stream"))
+      .def("warm_up", [](sd::Pooler& p, uintptr_t stream) { p.warm_up(stream_of(stream)); })
+      .def("barrier", &sd::Pooler::barrier)
+      .def("gemm_choice", [](const sd::Pooler& p, int layer, int b) { return p.gemm_choice(layer, b).to_string(); })
+      .def_property_readonly("tp", &sd::Pooler::tp)
+      .def_property_readonly("rank", &sd::Pooler::rank)
+      .def_property_readonly("hidden", &sd::Pooler::hidden)
+      .def_property_readonly("pooled", &sd::Pooler::pooled)
+      .def_property_readonly("capacity", &sd::Pooler::capacity)
+      .def_property_readonly("device", &sd::Pooler::device)
+      .def_property_readonly("layers", &sd::Pooler::layers)
+      .def_property_readonly("batches", &sd::Pooler::batches)
+      .def("is_nvfp4", &sd::Pooler::is_nvfp4);
+}

@@ -1,0 +1,39 @@
+"""spark-decode: the tensor-parallel decode kernels at the MoE boundaries of
+Muse Spark, for PyTorch (H200 / sm_90a; compute capability 9.0 or newer).
+
+    import spark_decode as sd
+    u = sd.Unpooler(weight_shard)          # [N, K] BF16 on the current GPU
+    u.run(x, out)                          # out[m, N] = x[m, K] @ W^T, m <= 16
+
+Every class keeps the seed's names and signatures (SPEC §2.9); the C++ API
+(include/spark_decode/) says the exact semantics. Invalid input raises
+InvalidArgument (a ValueError) with the library's reason; environment
+failures raise SparkRuntimeError (a RuntimeError).
+"""
+
+from ._C import InvalidArgument, SparkRuntimeError, format_pooler_gemm_table, format_unpooler_tactic_table
+from .group import CallbackGroup, Group, from_process_group, single_rank
+from .mailbox import LamportMailbox
+from .pooler import ExpertNorm, Pooler, PoolerLayer, pooler_layer
+from .unpooler import MAX_M, Unpooler, UnpoolerShape, launch_unsupported, tactic
+
+__all__ = [
+    "CallbackGroup",
+    "ExpertNorm",
+    "Group",
+    "InvalidArgument",
+    "LamportMailbox",
+    "MAX_M",
+    "Pooler",
+    "PoolerLayer",
+    "SparkRuntimeError",
+    "Unpooler",
+    "UnpoolerShape",
+    "format_pooler_gemm_table",
+    "format_unpooler_tactic_table",
+    "from_process_group",
+    "launch_unsupported",
+    "pooler_layer",
+    "single_rank",
+    "tactic",
+]

@@ -1,0 +1,142 @@
+"""The unpooler GEMM (SPEC §2.1, spark_decode/unpooler.h): out[m, N] = x[m, K] @ W^T
+for 1 <= m <= 16, optionally publishing y into the next boundary's mailbox."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
+import torch
+
+from . import _C
+from ._tensors import current_stream, describe, optional
+from .mailbox import LamportMailbox
+
+
+class UnpoolerShape(NamedTuple):
+    """A launch shape (tactic): K split over ``splits`` CTAs of a cluster,
+    ``kw`` consecutive K per warp, ``accs`` accumulator sets; optionally the
+    token tile (8 or 16) and row tiles (1 or 2) per m. Fields left None keep
+    the tactic table's choice for the weight's [N, K]."""
+
+    splits: int | None = None
+    kw: int | None = None
+    accs: int | None = None
+    token_tile: Mapping[int, int] | None = None
+    row_tiles: Mapping[int, int] | None = None
+
+    def as_dict(self) -> dict:
+        d: dict = {}
+        for key in ("splits", "kw", "accs"):
+            if getattr(self, key) is not None:
+                d[key] = int(getattr(self, key))
+        for key in ("token_tile", "row_tiles"):
+            per_m = getattr(self, key)
+            if per_m is not None:
+                if sorted(per_m) != list(range(1, MAX_M + 1)):
+                    raise _C.InvalidArgument(f"{key} must give every m in 1..{MAX_M}, got {sorted(per_m)}")
+                d[key] = [int(per_m[m]) for m in range(1, MAX_M + 1)]
+        return d
+
+
+MAX_M = _C.UNPOOLER_MAX_M
+
+
+def _tactic(shape: UnpoolerShape | None) -> dict | None:
+    return None if shape is None else shape.as_dict()
+
+
+def launch_unsupported(n: int, k: int, splits: int, kw: int, accs: int) -> str | None:
+    """Why no kernel launches for an [n, k] weight at that launch shape, or None."""
+    return _C.launch_unsupported(n, k, splits, kw, accs)
+
+
+def tactic(n: int, k: int) -> dict:
+    """The tactic table's launch shape for an [n, k] weight (a valid default
+    for shapes the table does not list)."""
+    return _C.unpooler_tactic(n, k)
+
+
+class Unpooler:
+    """One MoE layer's unpooler column block: this rank's [N, K] BF16 weight
+    shard (a view, kept referenced here, never copied), its kernels prepared
+    at construction. With ``mailbox`` (the next boundary's LamportMailbox,
+    width N) the epilogue also publishes y into it; with ``ticket`` (int32
+    [1] on the mailbox's device, stage << 16) the slot's stage is the
+    ticket's. ``rows`` limits which token tiles are prepared now (default:
+    every m); a run with another m prepares its tile then, which is refused
+    under CUDA graph capture. ``run`` allocates nothing, synchronises
+    nothing and is graph-capturable; it enqueues on torch's current stream.
+    Invalid input raises InvalidArgument (a ValueError) with the reason.
+    """
+
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        mailbox: LamportMailbox | None = None,
+        *,
+        enable_pdl: bool = True,
+        shape: UnpoolerShape | None = None,
+        ticket: torch.Tensor | None = None,
+        rows: Sequence[int] | None = None,
+        _impl: _C.Unpooler | None = None,
+    ) -> None:
+        self.weight, self.mailbox, self.ticket = weight, mailbox, ticket
+        self._impl = _impl if _impl is not None else _C.Unpooler(
+            describe(weight, "unpooler weight"),
+            None if mailbox is None else mailbox._impl,
+            enable_pdl,
+            optional(ticket, "ticket"),
+            list(rows or ()),
+            _tactic(shape),
+        )
+        self.n, self.k, self.max_m = self._impl.n, self._impl.k, self._impl.max_m
+        self.device = self._impl.device
+
+    @staticmethod
+    def unsupported(weight: torch.Tensor, shape: UnpoolerShape | None = None) -> str | None:
+        """Why the GEMM cannot take ``weight`` (an [N, K] shard) at ``shape``
+        (default: the table's), or None: the constructor's checks."""
+        return _C.Unpooler.unsupported(describe(weight, "unpooler weight"), _tactic(shape))
+
+    @classmethod
+    def from_moe(
+        cls,
+        moe,
+        tp: int,
+        rank: int,
+        mailbox: LamportMailbox | None = None,
+        *,
+        enable_pdl: bool = True,
+        shape: UnpoolerShape | None = None,
+        ticket: torch.Tensor | None = None,
+        rows: Sequence[int] | None = None,
+    ) -> "Unpooler":
+        """The unpooler of a MuseSpark1xMoE (``moe.unpooler.weight``) or of a
+        replicated [H, K] weight tensor: rows [rank N, (rank + 1) N),
+        N = H / tp."""
+        full = moe if isinstance(moe, torch.Tensor) else moe.unpooler.weight
+        impl = _C.Unpooler.from_moe(
+            describe(full, "unpooler weight"),
+            tp,
+            rank,
+            None if mailbox is None else mailbox._impl,
+            enable_pdl,
+            optional(ticket, "ticket"),
+            list(rows or ()),
+            _tactic(shape),
+        )
+        n = full.shape[0] // tp
+        return cls(full.narrow(0, rank * n, n), mailbox, ticket=ticket, _impl=impl)
+
+    @property
+    def tactic(self) -> dict:
+        return self._impl.tactic
+
+    def run(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """out[m, N] = x[m, K] @ W^T (and its publish with a mailbox); x and
+        out contiguous 16-byte aligned BF16 on this device."""
+        self._impl.run(describe(x, "x"), describe(out, "out"), current_stream(self.device))
+        return out
+
+    __call__ = run

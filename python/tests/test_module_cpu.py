@@ -1,0 +1,101 @@
+"""spark_decode._C without torch and without a GPU (a CPU test, run in CI).
+
+What the binding's C++ half adds over the library, checked where no GPU is:
+tensor descriptions parsed (and refused with reasons), arguments reaching
+the library in the right order, library errors raised as InvalidArgument (a
+ValueError) and SparkRuntimeError (a RuntimeError), tactic dictionaries
+round-tripping, and CallbackGroup's checks. The module is imported from
+SPARK_DECODE_MODULE_DIR (the build's python/spark_decode) as a top-level
+module, so that the package's torch imports are not needed.
+"""
+
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.environ["SPARK_DECODE_MODULE_DIR"])
+import _C  # noqa: E402
+
+
+def desc(shape, dtype="bf16", data=1 << 20, device=0):
+    strides, s = [], 1
+    for d in reversed(shape):
+        strides.insert(0, s)
+        s *= d
+    return (data, dtype, tuple(shape), tuple(strides), device)
+
+
+class Errors(unittest.TestCase):
+    def test_exception_classes(self):
+        self.assertTrue(issubclass(_C.InvalidArgument, ValueError))
+        self.assertTrue(issubclass(_C.SparkRuntimeError, RuntimeError))
+
+    def test_tensor_descriptions_are_checked(self):
+        with self.assertRaisesRegex(_C.InvalidArgument, "dtype 'f16' is not one the library takes"):
+            _C.Unpooler.unsupported(desc([64, 256], "f16"), None)
+        with self.assertRaisesRegex(_C.InvalidArgument, r"is \(data, dtype, shape, strides, device\)"):
+            _C.Unpooler.unsupported((1, "bf16", (64, 256)), None)
+        with self.assertRaisesRegex(_C.InvalidArgument, "at most 4 dimensions"):
+            _C.Unpooler.unsupported(desc([1, 1, 1, 64, 256]), None)
+
+    def test_unsupported_reaches_the_library(self):
+        self.assertIsNone(_C.Unpooler.unsupported(desc([8192, 4096]), None))
+        reason = _C.Unpooler.unsupported(desc([40, 256]), None)
+        self.assertIn("N % 16", reason)
+        self.assertIn("[40, 256]", reason)
+        # Misaligned data and a strided (non-contiguous) view.
+        self.assertIsNotNone(_C.Unpooler.unsupported(desc([64, 256], data=(1 << 20) + 2), None))
+        self.assertIsNotNone(_C.Unpooler.unsupported((1 << 20, "bf16", (64, 256), (512, 1), 0), None))
+
+    def test_launch_unsupported_argument_order(self):
+        self.assertIsNone(_C.launch_unsupported(8192, 4096, 2, 256, 1))
+        reason = _C.launch_unsupported(8192, 4096, 3, 256, 1)
+        self.assertIn("n=8192", reason)
+        self.assertIn("splits=3", reason)
+        self.assertIsNotNone(_C.launch_unsupported(8192, 4096, 2, 96, 1))  # kw 96 has no kernel
+        self.assertIsNotNone(_C.launch_unsupported(8192, 4096, 2, 256, 3))  # accs 3
+
+
+class Tactics(unittest.TestCase):
+    def test_table_tactics_round_trip(self):
+        for n, k in [(8192, 4096), (4096, 4096), (2048, 4096), (1024, 4096), (4096, 8192)]:
+            t = _C.unpooler_tactic(n, k)
+            self.assertEqual(sorted(t), ["accs", "kw", "row_tiles", "splits", "token_tile"])
+            self.assertEqual(len(t["token_tile"]), _C.UNPOOLER_MAX_M)
+            self.assertIsNone(_C.tactic_unsupported(n, k, t), (n, k, t))
+            self.assertIsNone(_C.tactic_unsupported(n, k, {}))  # the table's, by default
+        self.assertIn("N=8192 K=4096", _C.format_unpooler_tactic_table())
+        self.assertTrue(_C.format_pooler_gemm_table())
+
+    def test_bad_tactic_fields(self):
+        with self.assertRaisesRegex(_C.InvalidArgument, "token_tile needs one entry per m in 1..16"):
+            _C.tactic_unsupported(8192, 4096, {"token_tile": [8] * 15})
+        with self.assertRaisesRegex(_C.InvalidArgument, "unknown tactic field 'split'"):
+            _C.tactic_unsupported(8192, 4096, {"split": 2})
+        t = _C.unpooler_tactic(8192, 4096)
+        t["token_tile"] = [8] * 16  # an 8-token tile cannot serve m > 8
+        self.assertIsNotNone(_C.tactic_unsupported(8192, 4096, t))
+
+
+class Groups(unittest.TestCase):
+    def test_callback_group(self):
+        g = _C.CallbackGroup(1, 2, lambda data: data * 2, lambda: None)
+        self.assertEqual((g.rank, g.size), (1, 2))
+        self.assertIsInstance(g, _C.Group)
+        for rank, size in [(2, 2), (-1, 2), (0, 0)]:
+            with self.assertRaisesRegex(_C.InvalidArgument, f"group rank {rank} of size {size}"):
+                _C.CallbackGroup(rank, size, lambda data: data, lambda: None)
+
+    def test_mailbox_without_a_gpu_says_so(self):
+        g = _C.CallbackGroup(0, 1, lambda data: data, lambda: None)
+        try:
+            mb = _C.LamportMailbox(g, 1, 0, 4, 256, 0, 5.0)
+        except _C.SparkRuntimeError as e:
+            self.assertIn("GPU", str(e))
+        else:  # a machine with a GPU: the mailbox works
+            self.assertEqual((mb.tp, mb.width, mb.capacity), (1, 256, 4))
+            mb.barrier()
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

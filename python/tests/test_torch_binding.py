@@ -1,0 +1,382 @@
+"""The PyTorch binding on a GPU: the spark_decode package over torch tensors.
+
+The kernels themselves are checked exhaustively by the C++ GPU tests
+(tests/gpu); these tests check what the binding adds: tensors, dtypes,
+strides and devices described correctly, torch's current stream (and CUDA
+graph capture) honoured, scratch views wrapped without copies, errors raised
+as InvalidArgument / ValueError with the library's reasons, and the
+torch.distributed group. Fresh random inputs every run; the seed is printed
+and SPARK_TEST_SEED replays it.
+
+Run: PYTHONPATH=<build>/python python -m pytest python/tests
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+import types
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA GPU visible: the binding's GPU tests need one", allow_module_level=True)
+if torch.cuda.get_device_capability(0)[0] < 9:
+    pytest.skip("the library needs compute capability 9.0 or newer", allow_module_level=True)
+
+import spark_decode as sd  # noqa: E402
+
+POISON = -1  # int16 bits 0xffff: a BF16 NaN no kernel writes
+
+
+@pytest.fixture
+def gen(request):
+    seed = int(os.environ.get("SPARK_TEST_SEED", random.getrandbits(63)))
+    print(f"[{request.node.name}] seed {seed} (SPARK_TEST_SEED to replay)")
+    g = torch.Generator(device="cuda")
+    g.manual_seed(seed)
+    return g
+
+
+def randn(gen, *shape, scale=1.0):
+    return (torch.randn(*shape, generator=gen, device="cuda") * scale).to(torch.bfloat16)
+
+
+def poisoned(*shape):
+    return torch.full(shape, POISON, dtype=torch.int16, device="cuda").view(torch.bfloat16)
+
+
+def check_gemm(x, w, y):
+    """Every element within the unpooler's bound of the FP64 product: one BF16
+    rounding plus FP32 accumulation over K (the C++ tests' bound)."""
+    xd, wd = x.double(), w.double()
+    want = xd @ wd.T
+    magnitude = xd.abs() @ wd.abs().T
+    k = x.shape[1]
+    bound = want.abs() * 2.0**-8 + magnitude * (k * 2.0**-23) + 2.0**-133
+    got = y.double()
+    assert torch.isfinite(got).all(), "an output element is poison or not finite"
+    worst = ((got - want).abs() / bound).max().item()
+    assert worst <= 1.0, f"worst |err|/bound {worst}"
+
+
+# ---- Unpooler ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n,k", [(48, 256), (1024, 4096)])
+def test_unpooler_every_m_against_fp64_with_guard_rows(gen, n, k):
+    w = randn(gen, n, k)
+    u = sd.Unpooler(w)
+    assert (u.n, u.k, u.max_m) == (n, k, 16)
+    for m in range(1, 17):
+        x = randn(gen, m, k, scale=4.0)
+        x[0, :7] = -0.0
+        full = poisoned(m + 2, n)
+        out = full[1 : m + 1]
+        assert u.run(x, out) is out
+        torch.cuda.synchronize()
+        check_gemm(x, w, out)
+        guards = torch.cat([full[:1], full[m + 1 :]]).view(torch.int16)
+        assert (guards == POISON).all(), f"m={m}: a guard row was written"
+
+
+def test_unpooler_graph_replay_and_side_stream_equal_eager(gen):
+    n, k = 2048, 4096
+    w = randn(gen, n, k)
+    u = sd.Unpooler(w)
+    for m in (1, 9, 16):
+        x_static, out_static = randn(gen, m, k), poisoned(m, n)
+        graph = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            u.run(x_static, out_static)  # warm the tile before capture
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.cuda.graph(graph):
+            u.run(x_static, out_static)
+        for _ in range(3):
+            x = randn(gen, m, k)
+            x_static.copy_(x)
+            out_static.fill_(0)
+            graph.replay()
+            eager = poisoned(m, n)
+            with torch.cuda.stream(side):
+                side.wait_stream(torch.cuda.current_stream())
+                u.run(x, eager)
+            torch.cuda.synchronize()
+            assert torch.equal(out_static.view(torch.int16), eager.view(torch.int16))
+            check_gemm(x, w, eager)
+
+
+def test_unpooler_pdl_off_and_reproducible(gen):
+    n, k = 4096, 4096
+    w = randn(gen, n, k)
+    on, off = sd.Unpooler(w), sd.Unpooler(w, enable_pdl=False)
+    x = randn(gen, 16, k)
+    first = on.run(x, poisoned(16, n)).clone()
+    for _ in range(20):
+        assert torch.equal(on.run(x, poisoned(16, n)).view(torch.int16), first.view(torch.int16))
+    assert torch.equal(off.run(x, poisoned(16, n)).view(torch.int16), first.view(torch.int16))
+    # Batch invariance: row i alone equals row i of the batch.
+    for i in (0, 7, 15):
+        alone = on.run(x[i : i + 1].contiguous(), poisoned(1, n))
+        assert torch.equal(alone.view(torch.int16), first[i : i + 1].view(torch.int16))
+
+
+def test_unpooler_from_moe_takes_the_rank_rows(gen):
+    hidden, k, tp = 2048, 4096, 2
+    full = randn(gen, hidden, k)
+    moe = types.SimpleNamespace(unpooler=types.SimpleNamespace(weight=full))
+    u = sd.Unpooler.from_moe(moe, tp, 1)
+    assert u.weight.data_ptr() == full[hidden // 2 :].data_ptr()
+    x = randn(gen, 3, k)
+    got = u.run(x, poisoned(3, hidden // 2))
+    want = sd.Unpooler(full[hidden // 2 :]).run(x, poisoned(3, hidden // 2))
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    with pytest.raises(ValueError):
+        sd.Unpooler.from_moe(full, 3, 0)
+    with pytest.raises(ValueError):
+        sd.Unpooler.from_moe(full, 2, 2)
+
+
+def test_unpooler_errors_carry_the_library_reasons(gen):
+    w = randn(gen, 64, 256)
+    assert sd.Unpooler.unsupported(w) is None
+    reason = sd.Unpooler.unsupported(w[:40])
+    assert reason is not None and "N % 16" in reason
+    with pytest.raises(ValueError, match="N % 16"):
+        sd.Unpooler(w[:40])
+    with pytest.raises(sd.InvalidArgument, match="dtype"):
+        sd.Unpooler(w.half())
+    assert sd.launch_unsupported(64, 256, 3, 64, 1) is not None
+    assert sd.Unpooler.unsupported(w, sd.UnpoolerShape(splits=3)) is not None
+    u = sd.Unpooler(w)
+    with pytest.raises(ValueError):
+        u.run(randn(gen, 17, 256), poisoned(17, 64))  # m > 16
+    with pytest.raises(ValueError):
+        u.run(randn(gen, 2, 128), poisoned(2, 64))  # wrong K
+    with pytest.raises(ValueError):
+        u.run(randn(gen, 2, 256), poisoned(3, 64))  # out rows != m
+    with pytest.raises(ValueError):
+        u.run(randn(gen, 2, 256).cpu(), poisoned(2, 64))  # host memory
+    ticket = torch.zeros(1, dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError):
+        sd.Unpooler(w, ticket=ticket)  # a ticket needs a mailbox
+
+
+def test_unpooler_shape_overrides_the_table(gen):
+    w = randn(gen, 1024, 4096)
+    u = sd.Unpooler(w, shape=sd.UnpoolerShape(splits=1, kw=128, accs=2))
+    assert (u.tactic["splits"], u.tactic["kw"], u.tactic["accs"]) == (1, 128, 2)
+    x = randn(gen, 5, 4096)
+    check_gemm(x, w, u.run(x, poisoned(5, 1024)))
+
+
+# ---- ExpertNorm ------------------------------------------------------------------
+
+
+def test_expert_norm_within_one_ulp_of_fp64(gen):
+    cols, eps, gc = 4096, 1e-5, 1.0
+    w = randn(gen, cols, scale=0.1)
+    norm = sd.ExpertNorm(w, eps, gc)
+    x = randn(gen, 7, cols, scale=3.0)
+    y = norm.run(x, poisoned(7, cols))
+    torch.cuda.synchronize()
+    xd = x.double()
+    exact = xd * torch.rsqrt((xd * xd).mean(dim=1, keepdim=True) + eps) * (w.double() + gc)
+    ulp = torch.ldexp(torch.ones_like(exact), torch.clamp(torch.frexp(exact).exponent - 1, min=-126) - 7)
+    assert ((y.double() - exact).abs() <= ulp).all()
+
+
+# ---- LamportMailbox, one rank ----------------------------------------------------------
+
+
+def test_mailbox_single_rank_round_trip_eager_and_graph(gen):
+    width, capacity = 512, 8
+    mb = sd.LamportMailbox(None, tp=1, rank=0, capacity=capacity, width=width, device=0)
+    assert (mb.tp, mb.rank, mb.capacity, mb.width) == (1, 0, capacity, width)
+    assert mb.stage_state.dtype == torch.int32 and mb.stage_state.shape == (2,)
+    mb.warm_up()
+    for b in (1, 3, 8, 2, 8):
+        src = randn(gen, b, width)
+        src[0, :5] = -0.0
+        out = poisoned(b, width)
+        mb.publish(src)
+        mb.gather(out)
+        mb.synchronize()
+        want = torch.where(src == 0, torch.zeros_like(src), src)  # -0.0 arrives as +0.0
+        assert torch.equal(out.view(torch.int16), want.view(torch.int16))
+    src_s, out_s = randn(gen, 4, width), poisoned(4, width)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        mb.publish(src_s)
+        mb.gather(out_s)
+    for _ in range(5):
+        src = randn(gen, 4, width)
+        src_s.copy_(src)
+        graph.replay()
+        mb.synchronize()
+        assert torch.equal(out_s, src)
+    mb.barrier()
+
+
+# ---- Pooler, one rank ------------------------------------------------------------------
+
+E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+
+
+def dequantize(a, a_sf, global_scale):
+    """NVFP4 (two E2M1 codes a byte, even column low; one E4M3 scale per 16)
+    back to FP64: code * scale / global_scale."""
+    lut = torch.tensor(E2M1 + [-v for v in E2M1], dtype=torch.float64, device=a.device)
+    codes = torch.stack([a & 0xF, a >> 4], dim=-1).reshape(a.shape[0], -1).long()
+    values = lut[codes]
+    scales = a_sf.to(torch.float64).repeat_interleave(16, dim=1)
+    return values * scales / global_scale.double()
+
+
+def make_layers(gen, hidden, pooled, kinds):
+    layers = []
+    for nvfp4 in kinds:
+        weight = randn(gen, pooled, hidden, scale=0.02)
+        norm_weight = randn(gen, pooled, scale=0.1)
+        scale = torch.tensor([448.0 * 6.0 / 20.0], device="cuda") if nvfp4 else None
+        moe = types.SimpleNamespace(
+            pooler=types.SimpleNamespace(weight=weight),
+            pre_expert_norm=types.SimpleNamespace(
+                weight=norm_weight,
+                has_weight=True,
+                variance_size_override=None,
+                applies_weight_before_norm=False,
+                variance_epsilon=1e-5,
+                fused_gain_center=1.0,
+            ),
+            experts=types.SimpleNamespace(nvfp4_input_global_scale=scale),
+        )
+        layers.append(sd.pooler_layer(moe, 1, 0))
+    return layers
+
+
+def test_pooler_layer_checks_the_stock_module(gen):
+    (layer,) = make_layers(gen, 8192, 4096, [True])
+    assert layer.weight.shape == (4096, 8192) and layer.global_scale.shape == (1,)
+    bad = types.SimpleNamespace(
+        pooler=types.SimpleNamespace(weight=randn(gen, 4096, 4096)),
+        pre_expert_norm=None,
+        experts=types.SimpleNamespace(nvfp4_input_global_scale=None),
+    )
+    with pytest.raises(ValueError, match=r"pooler weight must be \[4096, 8192\] BF16"):
+        sd.pooler_layer(bad, 1, 0)
+
+
+def test_pooler_single_rank_run_equals_its_parts(gen):
+    hidden, pooled = 8192, 4096
+    layers = make_layers(gen, hidden, pooled, [False, True, False])
+    batches = (1, 4, 16)
+    pooler = sd.Pooler(None, tp=1, rank=0, device=0, layers=layers, batches=batches)
+    pooler.warm_up()
+    norms = [sd.ExpertNorm(layer.norm_weight, layer.eps, layer.gain_center) for layer in layers]
+    for step in range(6):
+        b = batches[step % len(batches)]
+        for index, layer in enumerate(layers):
+            x = randn(gen, b, hidden)
+            shard = pooler.project(index, x).clone()
+            check_gemm(x, layer.weight, shard)
+            pooler.publish(b)
+            parts = [t.clone() for t in _as_tuple(pooler.gather(index, b))]
+            whole = _as_tuple(pooler.run(index, x))
+            torch.cuda.synchronize()
+            for got, want in zip(whole, parts):
+                assert got.shape[0] == b
+                assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+            normed = norms[index].run(shard, poisoned(b, pooled))
+            torch.cuda.synchronize()
+            if layer.global_scale is None:
+                assert torch.equal(whole[0].view(torch.int16), normed.view(torch.int16))
+            else:
+                a, a_sf = whole
+                assert a.dtype == torch.uint8 and a.shape == (b, pooled // 2)
+                assert a_sf.dtype == torch.float8_e4m3fn and a_sf.shape == (b, pooled // 16)
+                sf = a_sf.to(torch.float64).repeat_interleave(16, dim=1) / layer.global_scale.double()
+                err = (dequantize(a, a_sf, layer.global_scale) - normed.double()).abs()
+                assert (err <= sf * 1.0 + normed.double().abs() * 0.07 + 1e-30).all()
+    pooler.barrier()
+
+
+def test_pooler_graph_replay_equals_eager(gen):
+    hidden, pooled = 8192, 4096
+    layers = make_layers(gen, hidden, pooled, [True, False])
+    pooler = sd.Pooler(None, tp=1, rank=0, device=0, layers=layers, batches=(4,))
+    pooler.warm_up()
+    x_static = randn(gen, 4, hidden)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = [_as_tuple(pooler.run(i, x_static)) for i in range(2)]
+    kept = None
+    for _ in range(3):
+        x = randn(gen, 4, hidden)
+        x_static.copy_(x)
+        graph.replay()
+        torch.cuda.synchronize()
+        # outs[1] (the edge layer) is scratch the NVFP4 layer does not write.
+        kept = outs[1][0].clone()
+        eager = [t.clone() for t in _as_tuple(pooler.run(0, x))]
+        eager_edge = _as_tuple(pooler.run(1, x))[0]
+        torch.cuda.synchronize()
+        assert torch.equal(kept.view(torch.int16), eager_edge.view(torch.int16))
+        graph.replay()
+        torch.cuda.synchronize()
+        for got, want in zip(outs[0], eager):
+            assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    pooler.barrier()
+
+
+def _as_tuple(out):
+    return out if isinstance(out, tuple) else (out,)
+
+
+# ---- torch.distributed: two processes -----------------------------------------------
+
+
+def _two_rank_mailbox(rank, init_file, width, rounds, result_dir):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    device = torch.cuda.current_device()
+    mb = sd.LamportMailbox(dist.group.WORLD, tp=2, rank=rank, capacity=16, width=width, device=device)
+    mb.warm_up()
+    g = torch.Generator(device="cuda")
+    failures = []
+    for r in range(rounds):
+        b = 1 + (r * 7) % 16
+        rows = []
+        for q in range(2):  # both ranks can make every rank's rows
+            g.manual_seed(1000 * r + q)
+            rows.append(torch.randn(b, width, generator=g, device="cuda").to(torch.bfloat16))
+        out = poisoned(b, 2 * width)
+        mb.publish(rows[rank])
+        mb.gather(out)
+        mb.synchronize()
+        if not torch.equal(out, torch.cat(rows, dim=1)):
+            failures.append(r)
+    mb.barrier()
+    with open(os.path.join(result_dir, f"rank{rank}"), "w") as f:
+        f.write(",".join(map(str, failures)))
+    dist.destroy_process_group()
+
+
+def test_mailbox_over_torch_distributed_two_processes():
+    """Two processes, a gloo ProcessGroup as the rendezvous (CUDA IPC between
+    them), on two GPUs where there are, else both on one (the mailbox alone
+    may share a GPU: bench/NOTES.md)."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        init_file = os.path.join(tmp, "rendezvous")
+        mp.spawn(_two_rank_mailbox, args=(init_file, 1024, 200, tmp), nprocs=2, join=True)
+        for rank in range(2):
+            with open(os.path.join(tmp, f"rank{rank}")) as f:
+                assert f.read() == "", f"rank {rank}: rounds with wrong rows"

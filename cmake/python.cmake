@@ -45,7 +45,14 @@ else()
 endif()
 target_link_libraries(spark_decode_python PRIVATE spark_decode)
 set(_py_out ${CMAKE_BINARY_DIR}/python/spark_decode)
+# One CUDA runtime per process: torch loads libcudart.so (with global
+# symbols), so a static runtime linked in here would have its entry points
+# interposed by torch's and its state split between the two (a segfault at
+# the first call, seen on the H200). The module links the shared runtime;
+# the kernels register with, and launch through, torch's.
 set_target_properties(spark_decode_python PROPERTIES
+  SPARK_DECODE_SHARED_CUDART ON
+  CUDA_RUNTIME_LIBRARY Shared
   OUTPUT_NAME _C
   LIBRARY_OUTPUT_DIRECTORY ${_py_out}
   CXX_VISIBILITY_PRESET hidden

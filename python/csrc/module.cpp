@@ -195,9 +195,9 @@ PYBIND11_MODULE(_C, m) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const sd::InvalidArgument& e) {
-      invalid(e.what());
+      PyErr_SetString(invalid.ptr(), e.what());
     } catch (const sd::Error& e) {
-      runtime(e.what());
+      PyErr_SetString(runtime.ptr(), e.what());
     }
   });
 

@@ -58,6 +58,13 @@ set_target_properties(spark_decode_python PROPERTIES
   CXX_VISIBILITY_PRESET hidden
   VISIBILITY_INLINES_HIDDEN ON)
 target_compile_options(spark_decode_python PRIVATE -Wall -Wextra)
+# Our code binds to our own definitions, and exports nothing but PyInit__C:
+# torch loads its libraries with global symbols, among them its own
+# instantiations of libstdc++ templates (std::ostream::_M_insert<long>, ...)
+# built against another libstdc++; without these flags the library's
+# ostringstream calls land in torch's copies and crash (seen on the H200;
+# pytorch/pytorch#109923 is the same clash).
+target_link_options(spark_decode_python PRIVATE -Wl,-Bsymbolic -Wl,--exclude-libs,ALL)
 
 # The pure-Python part, copied beside the module on every build.
 file(GLOB _py_sources CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/python/spark_decode/*.py)

@@ -314,7 +314,6 @@ def test_pooler_graph_replay_equals_eager(gen):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         outs = [_as_tuple(pooler.run(i, x_static)) for i in range(2)]
-    kept = None
     for _ in range(3):
         x = randn(gen, 4, hidden)
         x_static.copy_(x)

@@ -222,6 +222,41 @@ def test_mailbox_single_rank_round_trip_eager_and_graph(gen):
     mb.barrier()
 
 
+def test_unpooler_zero_copy_publish_single_rank(gen):
+    """With a mailbox the unpooler's epilogue publishes y itself: the plain
+    gather then reads exactly y (-0.0 as +0.0), call after call, eager and
+    captured."""
+    n, k = 1024, 4096
+    mb = sd.LamportMailbox(None, tp=1, rank=0, capacity=16, width=n, device=0)
+    w = randn(gen, n, k)
+    u = sd.Unpooler(w, mb)
+    assert u.mailbox is mb and u.max_m == 16
+    with pytest.raises(ValueError, match="mailbox width"):
+        sd.Unpooler(randn(gen, 512, k), mb)
+    mb.warm_up()
+    for m in (1, 16, 5, 9, 2):
+        x = randn(gen, m, k)
+        out, rows = poisoned(m, n), poisoned(m, n)
+        u.run(x, out)
+        mb.gather(rows)
+        mb.synchronize()
+        check_gemm(x, w, out)
+        want = torch.where(out == 0, torch.zeros_like(out), out)
+        assert torch.equal(rows.view(torch.int16), want.view(torch.int16))
+    x_s, out_s, rows_s = randn(gen, 4, k), poisoned(4, n), poisoned(4, n)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        u.run(x_s, out_s)
+        mb.gather(rows_s)
+    for _ in range(4):
+        x_s.copy_(randn(gen, 4, k))
+        graph.replay()
+        mb.synchronize()
+        check_gemm(x_s, w, out_s)
+        assert torch.equal(rows_s, out_s)
+    mb.barrier()
+
+
 # ---- Pooler, one rank ------------------------------------------------------------------
 
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]

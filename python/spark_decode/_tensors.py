@@ -85,10 +85,10 @@ class Views:
     """Tensors over library-owned scratch, made once per (pointer, dtype,
     shape) and reused: the Pooler's outputs are the same few views call after
     call, so after warm_up a call (also under CUDA graph capture) makes no
-    new tensor. ``owner`` is kept alive by every view's cache entry."""
+    new tensor. The views borrow: they are valid while their owner (the
+    Pooler or mailbox) lives."""
 
-    def __init__(self, owner: object) -> None:
-        self._owner = owner
+    def __init__(self) -> None:
         self._cache: dict[tuple, torch.Tensor] = {}
 
     def __call__(self, desc: tuple) -> torch.Tensor:

@@ -39,7 +39,7 @@ class LamportMailbox:
         )
         self.tp, self.rank = self._impl.tp, self._impl.rank
         self.capacity, self.width, self.device = self._impl.capacity, self._impl.width, self._impl.device
-        self._views = Views(self)
+        self._views = Views()
 
     @property
     def stage_state(self) -> torch.Tensor:

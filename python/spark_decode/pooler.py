@@ -126,7 +126,7 @@ class Pooler:
         self.tp, self.rank, self.capacity = tp, rank, capacity
         self.device = self._impl.device
         self.batches = tuple(self._impl.batches)
-        self._views = Views(self)
+        self._views = Views()
 
     def _output(self, o: dict):
         if o["nvfp4"]:

@@ -45,11 +45,12 @@ else()
 endif()
 target_link_libraries(spark_decode_python PRIVATE spark_decode)
 set(_py_out ${CMAKE_BINARY_DIR}/python/spark_decode)
-# One CUDA runtime per process: torch loads libcudart.so (with global
-# symbols), so a static runtime linked in here would have its entry points
-# interposed by torch's and its state split between the two (a segfault at
-# the first call, seen on the H200). The module links the shared runtime;
-# the kernels register with, and launch through, torch's.
+# One CUDA runtime per process: the module links the shared runtime, the
+# one torch loads, so the kernels register with and launch through torch's
+# runtime and share its per-thread state (the current device that
+# torch.cuda.set_device sets). A static runtime here would be a second one,
+# and torch loads libcudart.so with global symbols that would interpose part
+# of its entry points.
 set_target_properties(spark_decode_python PROPERTIES
   SPARK_DECODE_SHARED_CUDART ON
   CUDA_RUNTIME_LIBRARY Shared

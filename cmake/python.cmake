@@ -10,11 +10,12 @@
 # -DPython3_EXECUTABLE=... (on the GPU machine: /opt/torch/.venv/bin/python).
 set(SPARK_DECODE_PYTHON AUTO CACHE STRING "build the Python package: AUTO, ON or OFF")
 set_property(CACHE SPARK_DECODE_PYTHON PROPERTY STRINGS AUTO ON OFF)
-if(SPARK_DECODE_PYTHON STREQUAL "OFF")
-  return()
-endif()
+# AUTO, or any CMake boolean (ON / 1 / TRUE / YES, OFF / 0 / FALSE / NO).
 set(_py_required "")
-if(SPARK_DECODE_PYTHON STREQUAL "ON")
+if(NOT SPARK_DECODE_PYTHON STREQUAL "AUTO")
+  if(NOT SPARK_DECODE_PYTHON)
+    return()
+  endif()
   set(_py_required REQUIRED)
 endif()
 
@@ -26,12 +27,13 @@ if(Python3_FOUND)
     execute_process(
       COMMAND ${Python3_EXECUTABLE} -c "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'include'))"
       OUTPUT_VARIABLE _torch_include OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+    unset(SPARK_DECODE_PYBIND11_INCLUDE CACHE)  # searched again at every configure
     find_path(SPARK_DECODE_PYBIND11_INCLUDE pybind11/pybind11.h HINTS ${_torch_include})
   endif()
 endif()
 if(NOT Python3_FOUND OR (NOT pybind11_FOUND AND NOT SPARK_DECODE_PYBIND11_INCLUDE))
-  if(SPARK_DECODE_PYTHON STREQUAL "ON")
-    message(FATAL_ERROR "spark-decode: SPARK_DECODE_PYTHON=ON but pybind11 was not found")
+  if(_py_required)
+    message(FATAL_ERROR "spark-decode: SPARK_DECODE_PYTHON=${SPARK_DECODE_PYTHON} but pybind11 was not found")
   endif()
   message(STATUS "spark-decode: Python headers or pybind11 not found; the Python package is not built")
   return()

@@ -104,11 +104,22 @@ sd::UnpoolerTactic tactic_from(const py::dict& d, int n, int k) {
     } else if (key == "accs") {
       t.accs = item.second.cast<int>();
     } else if (key == "token_tile" || key == "row_tiles") {
-      const auto v = item.second.cast<std::vector<int>>();
+      // A list of one entry per m in 1..16, or {m: value} over the table's.
       auto& dst = key == "token_tile" ? t.token_tile : t.row_tiles;
-      if (v.size() != dst.size())
-        throw sd::InvalidArgument(key + " needs one entry per m in 1.." + std::to_string(dst.size()));
-      std::copy(v.begin(), v.end(), dst.begin());
+      if (py::isinstance<py::dict>(item.second)) {
+        for (auto [m, v] : item.second.cast<py::dict>()) {
+          const int mi = m.cast<int>();
+          if (mi < 1 || mi > static_cast<int>(dst.size()))
+            throw sd::InvalidArgument(key + ": m " + std::to_string(mi) + " outside 1.." +
+                                      std::to_string(dst.size()));
+          dst[mi - 1] = v.cast<int>();
+        }
+      } else {
+        const auto v = item.second.cast<std::vector<int>>();
+        if (v.size() != dst.size())
+          throw sd::InvalidArgument(key + " needs one entry per m in 1.." + std::to_string(dst.size()));
+        std::copy(v.begin(), v.end(), dst.begin());
+      }
     } else {
       throw sd::InvalidArgument("unknown tactic field '" + key + "'");
     }
@@ -146,8 +157,8 @@ class CallbackGroup final : public sd::Group {
     py::gil_scoped_acquire gil;
     const std::string got =
         all_gather_(py::bytes(static_cast<const char*>(data), bytes)).cast<std::string>();
-    SPARK_CHECK(got.size() == bytes * static_cast<size_t>(size_), "the group's all_gather returned ", got.size(),
-                " bytes, expected ", size_, " x ", bytes);
+    SPARK_CHECK_RUNTIME(got.size() == bytes * static_cast<size_t>(size_), "the group's all_gather returned ",
+                        got.size(), " bytes, expected ", size_, " x ", bytes);
     return std::vector<uint8_t>(got.begin(), got.end());
   }
   void barrier() override {
@@ -189,15 +200,19 @@ sd::PoolerLayer pooler_layer_from(const py::tuple& t) {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "spark-decode's C++ classes over tensor descriptions (use the spark_decode package)";
-  static py::exception<sd::InvalidArgument> invalid(m, "InvalidArgument", PyExc_ValueError);
-  static py::exception<sd::Error> runtime(m, "SparkRuntimeError", PyExc_RuntimeError);
+  // The exception types live as long as the process: raw references, never
+  // released (a static py::object would be destroyed after the interpreter).
+  static PyObject* invalid_type = nullptr;
+  static PyObject* runtime_type = nullptr;
+  invalid_type = py::exception<sd::InvalidArgument>(m, "InvalidArgument", PyExc_ValueError).inc_ref().ptr();
+  runtime_type = py::exception<sd::Error>(m, "SparkRuntimeError", PyExc_RuntimeError).inc_ref().ptr();
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const sd::InvalidArgument& e) {
-      PyErr_SetString(invalid.ptr(), e.what());
+      PyErr_SetString(invalid_type, e.what());
     } catch (const sd::Error& e) {
-      PyErr_SetString(runtime.ptr(), e.what());
+      PyErr_SetString(runtime_type, e.what());
     }
   });
 
@@ -239,12 +254,17 @@ PYBIND11_MODULE(_C, m) {
           py::keep_alive<0, 4>())
       .def_static(
           "unsupported",
-          [](const py::tuple& weight, const std::optional<py::dict>& tactic) {
-            const sd::TensorRef w = tensor_ref(weight);
-            if (!tactic) return sd::Unpooler::unsupported(w);
-            const int n = w.ndim == 2 ? static_cast<int>(w.shape[0]) : 0;
-            const int k = w.ndim == 2 ? static_cast<int>(w.shape[1]) : 0;
-            return sd::Unpooler::unsupported(w, tactic_from(*tactic, n, k));
+          [](const py::tuple& weight, const std::optional<py::dict>& tactic) -> std::optional<std::string> {
+            // A reason or None, never an exception (the seed's contract).
+            try {
+              const sd::TensorRef w = tensor_ref(weight);
+              if (!tactic) return sd::Unpooler::unsupported(w);
+              const int n = w.ndim == 2 ? static_cast<int>(w.shape[0]) : 0;
+              const int k = w.ndim == 2 ? static_cast<int>(w.shape[1]) : 0;
+              return sd::Unpooler::unsupported(w, tactic_from(*tactic, n, k));
+            } catch (const sd::InvalidArgument& e) {
+              return std::string(e.what());
+            }
           },
           py::arg("weight"), py::arg("tactic").none(true))
       .def(
@@ -277,6 +297,10 @@ PYBIND11_MODULE(_C, m) {
              sd::LamportMailbox::Options o;
              o.spin_timeout_s = spin_timeout_s;
              o.guard_bytes = guard_bytes;
+             // Collective: other ranks may be threads of this process that
+             // need the GIL to reach their constructor (the group's
+             // callbacks take it back).
+             py::gil_scoped_release release;
              return std::make_unique<sd::LamportMailbox>(group, tp, rank, capacity, width, device, o);
            }),
            py::arg("group"), py::arg("tp"), py::arg("rank"), py::arg("capacity"), py::arg("width"),
@@ -301,10 +325,12 @@ PYBIND11_MODULE(_C, m) {
             mb.gather(o, stream_of(stream), opt);
           },
           py::arg("out"), py::arg("stream"), py::arg("enable_pdl") = true)
-      .def("synchronize", [](const sd::LamportMailbox& mb, uintptr_t stream) { mb.synchronize(stream_of(stream)); })
+      .def("synchronize", [](const sd::LamportMailbox& mb, uintptr_t stream) { mb.synchronize(stream_of(stream)); },
+           py::call_guard<py::gil_scoped_release>())
       .def("timeout_report", &sd::LamportMailbox::timeout_report)
-      .def("warm_up", [](sd::LamportMailbox& mb, uintptr_t stream) { mb.warm_up(stream_of(stream)); })
-      .def("barrier", &sd::LamportMailbox::barrier)
+      .def("warm_up", [](sd::LamportMailbox& mb, uintptr_t stream) { mb.warm_up(stream_of(stream)); },
+           py::call_guard<py::gil_scoped_release>())
+      .def("barrier", &sd::LamportMailbox::barrier, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("tp", &sd::LamportMailbox::tp)
       .def_property_readonly("rank", &sd::LamportMailbox::rank)
       .def_property_readonly("capacity", &sd::LamportMailbox::capacity)
@@ -364,6 +390,7 @@ PYBIND11_MODULE(_C, m) {
              for (const auto& l : layers) ls.push_back(pooler_layer_from(l));
              sd::PoolerOptions o;
              o.spin_timeout_s = spin_timeout_s;
+             py::gil_scoped_release release;  // collective, as the mailbox's
              return std::make_unique<sd::Pooler>(group, tp, rank, device, std::move(ls), std::move(batches),
                                                  capacity, enable_pdl, o);
            }),
@@ -412,8 +439,16 @@ PYBIND11_MODULE(_C, m) {
             return pooler_output(o);
           },
           py::arg("layer"), py::arg("x"), py::arg("stream"))
-      .def("warm_up", [](sd::Pooler& p, uintptr_t stream) { p.warm_up(stream_of(stream)); })
-      .def("barrier", &sd::Pooler::barrier)
+      .def("warm_up", [](sd::Pooler& p, uintptr_t stream) { p.warm_up(stream_of(stream)); },
+           py::call_guard<py::gil_scoped_release>())
+      .def("barrier", &sd::Pooler::barrier, py::call_guard<py::gil_scoped_release>())
+      .def(
+          "synchronize", [](sd::Pooler& p, uintptr_t stream) { p.mailbox().synchronize(stream_of(stream)); },
+          py::call_guard<py::gil_scoped_release>())
+      .def("timeout_report", [](sd::Pooler& p) { return p.mailbox().timeout_report(); })
+      .def_property_readonly(
+          "mailbox", [](sd::Pooler& p) -> sd::LamportMailbox& { return p.mailbox(); },
+          py::return_value_policy::reference_internal)
       .def("gemm_choice", [](const sd::Pooler& p, int layer, int b) { return p.gemm_choice(layer, b).to_string(); })
       .def_property_readonly("tp", &sd::Pooler::tp)
       .def_property_readonly("rank", &sd::Pooler::rank)

@@ -11,11 +11,15 @@ InvalidArgument (a ValueError) with the library's reason; environment
 failures raise SparkRuntimeError (a RuntimeError).
 """
 
+# torch first: its CUDA runtime (libcudart.so from its wheel) must be the one
+# loaded, which the extension module then shares (one runtime per process).
+import torch  # noqa: F401  (imported for its side effect)
+
 from ._C import InvalidArgument, SparkRuntimeError, format_pooler_gemm_table, format_unpooler_tactic_table
 from .group import CallbackGroup, Group, from_process_group, single_rank
 from .mailbox import LamportMailbox
 from .pooler import ExpertNorm, Pooler, PoolerLayer, pooler_layer
-from .unpooler import MAX_M, Unpooler, UnpoolerShape, launch_unsupported, tactic
+from .unpooler import MAX_M, UNPOOLER, Unpooler, UnpoolerShape, launch_unsupported, tactic
 
 __all__ = [
     "CallbackGroup",
@@ -27,6 +31,7 @@ __all__ = [
     "Pooler",
     "PoolerLayer",
     "SparkRuntimeError",
+    "UNPOOLER",
     "Unpooler",
     "UnpoolerShape",
     "format_pooler_gemm_table",

@@ -68,7 +68,10 @@ class _DeviceArray:
     """A borrowed device buffer for torch.as_tensor (no copy, no stream sync:
     the interface's stream is None, so torch orders nothing)."""
 
-    def __init__(self, desc: tuple) -> None:
+    def __init__(self, desc: tuple, owner: object) -> None:
+        # torch keeps this object alive as long as the tensor, and this
+        # object keeps the memory's owner (the C++ Pooler or mailbox) alive.
+        self._owner = owner
         data, name, shape, strides, _device = desc
         size = _SIZES[name]
         self.__cuda_array_interface__ = {
@@ -85,17 +88,18 @@ class Views:
     """Tensors over library-owned scratch, made once per (pointer, dtype,
     shape) and reused: the Pooler's outputs are the same few views call after
     call, so after warm_up a call (also under CUDA graph capture) makes no
-    new tensor. The views borrow: they are valid while their owner (the
-    Pooler or mailbox) lives."""
+    new tensor. Each view keeps ``owner`` (the C++ object whose scratch it
+    shows) alive, as a torch slice keeps its storage."""
 
-    def __init__(self) -> None:
+    def __init__(self, owner: object) -> None:
+        self._owner = owner
         self._cache: dict[tuple, torch.Tensor] = {}
 
     def __call__(self, desc: tuple) -> torch.Tensor:
         key = (desc[0], desc[1], tuple(desc[2]), tuple(desc[3]), desc[4])
         view = self._cache.get(key)
         if view is None:
-            raw = torch.as_tensor(_DeviceArray(desc), device=torch.device("cuda", desc[4]))
+            raw = torch.as_tensor(_DeviceArray(desc, self._owner), device=torch.device("cuda", desc[4]))
             view = raw.view(_IMPORT[desc[1]][1])
             self._cache[key] = view
         return view

@@ -34,12 +34,23 @@ class LamportMailbox:
         spin_timeout_s: float = 5.0,
     ) -> None:
         self.group = as_group(group)
-        self._impl = _C.LamportMailbox(
-            self.group, tp, rank, capacity, width, device_index(device), spin_timeout_s
+        self._init(
+            _C.LamportMailbox(self.group, tp, rank, capacity, width, device_index(device), spin_timeout_s)
         )
-        self.tp, self.rank = self._impl.tp, self._impl.rank
-        self.capacity, self.width, self.device = self._impl.capacity, self._impl.width, self._impl.device
-        self._views = Views()
+
+    def _init(self, impl: _C.LamportMailbox) -> None:
+        self._impl = impl
+        self.tp, self.rank = impl.tp, impl.rank
+        self.capacity, self.width, self.device = impl.capacity, impl.width, impl.device
+        self._views = Views(impl)
+
+    @classmethod
+    def _wrap(cls, impl: _C.LamportMailbox, group) -> "LamportMailbox":
+        """A view of a mailbox the library owns (the Pooler's)."""
+        mailbox = cls.__new__(cls)
+        mailbox.group = group
+        mailbox._init(impl)
+        return mailbox
 
     @property
     def stage_state(self) -> torch.Tensor:

@@ -13,6 +13,7 @@ import torch
 from . import _C
 from ._tensors import Views, current_stream, describe, device_index, optional
 from .group import as_group
+from .mailbox import LamportMailbox
 
 MAX_BATCH = 16
 
@@ -126,7 +127,9 @@ class Pooler:
         self.tp, self.rank, self.capacity = tp, rank, capacity
         self.device = self._impl.device
         self.batches = tuple(self._impl.batches)
-        self._views = Views()
+        self._views = Views(self._impl)
+        # The mailbox every layer shares (the library's; alive with the Pooler).
+        self.mailbox = LamportMailbox._wrap(self._impl.mailbox, self.group)
 
     def _output(self, o: dict):
         if o["nvfp4"]:
@@ -157,6 +160,10 @@ class Pooler:
         per batch and form through this class, so that every output view
         exists before capture and calls under it make none (scratch is
         shared by the layers of one form)."""
+        with torch.cuda.device(self.device):
+            self._warm_up()
+
+    def _warm_up(self) -> None:
         stream = current_stream(self.device)
         self._impl.warm_up(stream)
         forms = {}
@@ -171,6 +178,14 @@ class Pooler:
                 self.gather(index, b)
         torch.cuda.synchronize(self.device)
         self.barrier()
+
+    def synchronize(self) -> None:
+        """Synchronise torch's current stream; a consumer's spin timeout
+        raises SparkRuntimeError naming rank, stage, source and row."""
+        self._impl.synchronize(current_stream(self.device))
+
+    def timeout_report(self) -> str | None:
+        return self._impl.timeout_report()
 
     def gemm_choice(self, layer: int, b: int) -> str:
         return self._impl.gemm_choice(layer, b)

@@ -16,14 +16,16 @@ from .mailbox import LamportMailbox
 class UnpoolerShape(NamedTuple):
     """A launch shape (tactic): K split over ``splits`` CTAs of a cluster,
     ``kw`` consecutive K per warp, ``accs`` accumulator sets; optionally the
-    token tile (8 or 16) and row tiles (1 or 2) per m. Fields left None keep
-    the tactic table's choice for the weight's [N, K]."""
+    token tile (8 or 16) and row tiles (1 or 2) per m, as {m: value} or as a
+    sequence of one value per m in 1..16 (what ``Unpooler.tactic`` gives).
+    Whatever is left None (or an m a mapping leaves out) keeps the tactic
+    table's choice for the weight's [N, K]; ``UNPOOLER`` is all table."""
 
     splits: int | None = None
     kw: int | None = None
     accs: int | None = None
-    token_tile: Mapping[int, int] | None = None
-    row_tiles: Mapping[int, int] | None = None
+    token_tile: Mapping[int, int] | Sequence[int] | None = None
+    row_tiles: Mapping[int, int] | Sequence[int] | None = None
 
     def as_dict(self) -> dict:
         d: dict = {}
@@ -32,14 +34,15 @@ class UnpoolerShape(NamedTuple):
                 d[key] = int(getattr(self, key))
         for key in ("token_tile", "row_tiles"):
             per_m = getattr(self, key)
-            if per_m is not None:
-                if sorted(per_m) != list(range(1, MAX_M + 1)):
-                    raise _C.InvalidArgument(f"{key} must give every m in 1..{MAX_M}, got {sorted(per_m)}")
-                d[key] = [int(per_m[m]) for m in range(1, MAX_M + 1)]
+            if isinstance(per_m, Mapping):
+                d[key] = {int(m): int(v) for m, v in per_m.items()}
+            elif per_m is not None:
+                d[key] = [int(v) for v in per_m]
         return d
 
 
 MAX_M = _C.UNPOOLER_MAX_M
+UNPOOLER = UnpoolerShape()
 
 
 def _tactic(shape: UnpoolerShape | None) -> dict | None:
@@ -63,8 +66,8 @@ class Unpooler:
     at construction. With ``mailbox`` (the next boundary's LamportMailbox,
     width N) the epilogue also publishes y into it; with ``ticket`` (int32
     [1] on the mailbox's device, stage << 16) the slot's stage is the
-    ticket's. ``rows`` limits which token tiles are prepared now (default:
-    every m); a run with another m prepares its tile then, which is refused
+    ticket's. ``rows`` limits which token tiles are prepared now (default,
+    and for an empty ``rows`` too: every m); a run with another m prepares its tile then, which is refused
     under CUDA graph capture. ``run`` allocates nothing, synchronises
     nothing and is graph-capturable; it enqueues on torch's current stream.
     Invalid input raises InvalidArgument (a ValueError) with the reason.
@@ -96,8 +99,13 @@ class Unpooler:
     @staticmethod
     def unsupported(weight: torch.Tensor, shape: UnpoolerShape | None = None) -> str | None:
         """Why the GEMM cannot take ``weight`` (an [N, K] shard) at ``shape``
-        (default: the table's), or None: the constructor's checks."""
-        return _C.Unpooler.unsupported(describe(weight, "unpooler weight"), _tactic(shape))
+        (default: the table's), or None: the constructor's checks. Never
+        raises for a bad weight or shape: it says why."""
+        try:
+            weight_desc = describe(weight, "unpooler weight")
+        except _C.InvalidArgument as e:
+            return str(e)
+        return _C.Unpooler.unsupported(weight_desc, _tactic(shape))
 
     @classmethod
     def from_moe(
@@ -132,6 +140,15 @@ class Unpooler:
     @property
     def tactic(self) -> dict:
         return self._impl.tactic
+
+    @property
+    def enable_pdl(self) -> bool:
+        return self._impl.enable_pdl
+
+    def prepared(self, tile: int, row_tiles: int = 1) -> bool:
+        """Whether the kernel of token tile ``tile`` (8, 16) and ``row_tiles``
+        (1, 2) was prepared (at construction, or by a run)."""
+        return self._impl.prepared(tile, row_tiles)
 
     def run(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """out[m, N] = x[m, K] @ W^T (and its publish with a mailbox); x and

@@ -31,12 +31,15 @@ class Errors(unittest.TestCase):
         self.assertTrue(issubclass(_C.SparkRuntimeError, RuntimeError))
 
     def test_tensor_descriptions_are_checked(self):
+        # unsupported() says why (the seed's contract: a reason or None, never raises) ...
+        self.assertIn("dtype 'f16' is not one the library takes", _C.Unpooler.unsupported(desc([64, 256], "f16"), None))
+        self.assertIn("is (data, dtype, shape, strides, device)", _C.Unpooler.unsupported((1, "bf16", (64, 256)), None))
+        self.assertIn("at most 4 dimensions", _C.Unpooler.unsupported(desc([1, 1, 1, 64, 256]), None))
+        # ... where every other entry point raises it.
         with self.assertRaisesRegex(_C.InvalidArgument, "dtype 'f16' is not one the library takes"):
-            _C.Unpooler.unsupported(desc([64, 256], "f16"), None)
+            _C.Unpooler(desc([64, 256], "f16"), None, True, None, [], None)
         with self.assertRaisesRegex(_C.InvalidArgument, r"is \(data, dtype, shape, strides, device\)"):
-            _C.Unpooler.unsupported((1, "bf16", (64, 256)), None)
-        with self.assertRaisesRegex(_C.InvalidArgument, "at most 4 dimensions"):
-            _C.Unpooler.unsupported(desc([1, 1, 1, 64, 256]), None)
+            _C.ExpertNorm((1, "bf16", (512,)), 1e-5, 1.0, True)
 
     def test_unsupported_reaches_the_library(self):
         self.assertIsNone(_C.Unpooler.unsupported(desc([8192, 4096]), None))
@@ -72,6 +75,12 @@ class Tactics(unittest.TestCase):
             _C.tactic_unsupported(8192, 4096, {"token_tile": [8] * 15})
         with self.assertRaisesRegex(_C.InvalidArgument, "unknown tactic field 'split'"):
             _C.tactic_unsupported(8192, 4096, {"split": 2})
+        with self.assertRaisesRegex(_C.InvalidArgument, "token_tile: m 17 outside 1..16"):
+            _C.tactic_unsupported(8192, 4096, {"token_tile": {17: 8}})
+        self.assertIsNone(_C.tactic_unsupported(8192, 4096, {"token_tile": {1: 16}}))  # a 16-tile serves m = 1
+        self.assertIsNotNone(_C.tactic_unsupported(8192, 4096, {"token_tile": {16: 8}}))
+        # unsupported() reports a bad tactic too, instead of raising.
+        self.assertIn("token_tile needs one entry per m", _C.Unpooler.unsupported(desc([8192, 4096]), {"token_tile": [8]}))
         t = _C.unpooler_tactic(8192, 4096)
         t["token_tile"] = [8] * 16  # an 8-token tile cannot serve m > 8
         self.assertIsNotNone(_C.tactic_unsupported(8192, 4096, t))
@@ -85,6 +94,12 @@ class Groups(unittest.TestCase):
         for rank, size in [(2, 2), (-1, 2), (0, 0)]:
             with self.assertRaisesRegex(_C.InvalidArgument, f"group rank {rank} of size {size}"):
                 _C.CallbackGroup(rank, size, lambda data: data, lambda: None)
+
+    def test_a_transport_returning_wrong_bytes_is_a_runtime_error(self):
+        g = _C.CallbackGroup(0, 1, lambda data: data * 2, lambda: None)
+        # Without a GPU the mailbox stops before the rendezvous; with one, at it.
+        with self.assertRaisesRegex(_C.SparkRuntimeError, "GPU|all_gather returned"):
+            _C.LamportMailbox(g, 1, 0, 4, 256, 0, 5.0)
 
     def test_mailbox_without_a_gpu_says_so(self):
         g = _C.CallbackGroup(0, 1, lambda data: data, lambda: None)

@@ -102,9 +102,14 @@ def test_unpooler_graph_replay_and_side_stream_equal_eager(gen):
             out_static.fill_(0)
             graph.replay()
             eager = poisoned(m, n)
+            # The run must go to the side stream, held back by a sleep: once
+            # the current stream is done, `eager` is still poison.
             with torch.cuda.stream(side):
                 side.wait_stream(torch.cuda.current_stream())
+                torch.cuda._sleep(50_000_000)
                 u.run(x, eager)
+            torch.cuda.current_stream().synchronize()
+            assert (eager.view(torch.int16) == POISON).all(), "run did not enqueue on torch's current stream"
             torch.cuda.synchronize()
             assert torch.equal(out_static.view(torch.int16), eager.view(torch.int16))
             check_gemm(x, w, eager)
@@ -114,6 +119,7 @@ def test_unpooler_pdl_off_and_reproducible(gen):
     n, k = 4096, 4096
     w = randn(gen, n, k)
     on, off = sd.Unpooler(w), sd.Unpooler(w, enable_pdl=False)
+    assert on.enable_pdl and not off.enable_pdl
     x = randn(gen, 16, k)
     first = on.run(x, poisoned(16, n)).clone()
     for _ in range(20):
@@ -150,6 +156,7 @@ def test_unpooler_errors_carry_the_library_reasons(gen):
         sd.Unpooler(w[:40])
     with pytest.raises(sd.InvalidArgument, match="dtype"):
         sd.Unpooler(w.half())
+    assert "dtype" in sd.Unpooler.unsupported(w.half())  # says why, never raises
     assert sd.launch_unsupported(64, 256, 3, 64, 1) is not None
     assert sd.Unpooler.unsupported(w, sd.UnpoolerShape(splits=3)) is not None
     u = sd.Unpooler(w)
@@ -164,6 +171,29 @@ def test_unpooler_errors_carry_the_library_reasons(gen):
     ticket = torch.zeros(1, dtype=torch.int32, device="cuda")
     with pytest.raises(ValueError):
         sd.Unpooler(w, ticket=ticket)  # a ticket needs a mailbox
+
+
+def test_unpooler_rows_limit_what_is_prepared(gen):
+    n, k = 1024, 4096
+    w = randn(gen, n, k)
+    u = sd.Unpooler(w, rows=[1])
+    t = u.tactic
+    assert u.prepared(t["token_tile"][0], t["row_tiles"][0])
+    tile9, rows9 = t["token_tile"][8], t["row_tiles"][8]
+    assert (tile9, rows9) != (t["token_tile"][0], t["row_tiles"][0])
+    assert not u.prepared(tile9, rows9)
+    x, out = randn(gen, 9, k), poisoned(9, n)
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(ValueError, match="cannot be under CUDA graph capture"):
+        with torch.cuda.graph(graph):
+            u.run(x, out)
+    u.run(x, out)  # eager: prepares the tile now
+    torch.cuda.synchronize()
+    assert u.prepared(tile9, rows9)
+    check_gemm(x, w, out)
+    # The shape a tactic reports is one the constructor takes back.
+    same = sd.Unpooler(w, shape=sd.UnpoolerShape(**t))
+    assert same.tactic == t
 
 
 def test_unpooler_shape_overrides_the_table(gen):
@@ -311,6 +341,7 @@ def test_pooler_single_rank_run_equals_its_parts(gen):
     layers = make_layers(gen, hidden, pooled, [False, True, False])
     batches = (1, 4, 16)
     pooler = sd.Pooler(None, tp=1, rank=0, device=0, layers=layers, batches=batches)
+    assert (pooler.mailbox.tp, pooler.mailbox.width, pooler.mailbox.capacity) == (1, pooled, 16)
     pooler.warm_up()
     norms = [sd.ExpertNorm(layer.norm_weight, layer.eps, layer.gain_center) for layer in layers]
     for step in range(6):
@@ -332,12 +363,25 @@ def test_pooler_single_rank_run_equals_its_parts(gen):
                 assert torch.equal(whole[0].view(torch.int16), normed.view(torch.int16))
             else:
                 a, a_sf = whole
+                pooler.synchronize()
+                assert pooler.timeout_report() is None
                 assert a.dtype == torch.uint8 and a.shape == (b, pooled // 2)
                 assert a_sf.dtype == torch.float8_e4m3fn and a_sf.shape == (b, pooled // 16)
                 sf = a_sf.to(torch.float64).repeat_interleave(16, dim=1) / layer.global_scale.double()
                 err = (dequantize(a, a_sf, layer.global_scale) - normed.double()).abs()
                 assert (err <= sf * 1.0 + normed.double().abs() * 0.07 + 1e-30).all()
+    # Outputs keep the scratch they show alive, like torch slices.
+    kept = _as_tuple(pooler.run(1, randn(gen, 4, hidden)))
+    snapshot = [t.clone() for t in kept]
     pooler.barrier()
+    del pooler
+    import gc
+
+    gc.collect()
+    torch.empty(64 << 20, dtype=torch.uint8, device="cuda").fill_(0x5A)  # reuse freed memory, if any
+    torch.cuda.synchronize()
+    for got, want in zip(kept, snapshot):
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
 
 
 def test_pooler_graph_replay_equals_eager(gen):

@@ -458,3 +458,68 @@ def test_mailbox_over_torch_distributed_two_processes():
         for rank in range(2):
             with open(os.path.join(tmp, f"rank{rank}")) as f:
                 assert f.read() == "", f"rank {rank}: rounds with wrong rows"
+
+
+# ---- ranks as threads of one process -------------------------------------------------
+
+
+class _ThreadGroup:
+    """A rendezvous for ranks that are threads of this process (a
+    CallbackGroup over a threading.Barrier)."""
+
+    def __init__(self, size: int) -> None:
+        import threading
+
+        self.size, self._barrier, self._slots = size, threading.Barrier(size, timeout=60), [b""] * size
+
+    def member(self, rank: int):
+        def all_gather(data: bytes) -> bytes:
+            self._slots[rank] = data
+            self._barrier.wait()
+            out = b"".join(self._slots)
+            self._barrier.wait()
+            return out
+
+        return sd.CallbackGroup(rank, self.size, all_gather, self._barrier.wait)
+
+
+def test_mailbox_ranks_as_threads_of_one_process():
+    """Two ranks as threads (one GPU each where there are two, else sharing
+    one): the collective constructor, warm_up, synchronize and barrier wait
+    for the other thread, so the binding must release the GIL while they
+    wait, or the other rank never gets to publish (a spin timeout)."""
+    import threading
+
+    width, rounds, group = 1024, 100, _ThreadGroup(2)
+    errors: list = [None, None]
+
+    def rank_main(rank: int) -> None:
+        try:
+            device = rank % torch.cuda.device_count()
+            torch.cuda.set_device(device)
+            with torch.cuda.stream(torch.cuda.Stream()):  # a rank's own stream
+                mb = sd.LamportMailbox(group.member(rank), tp=2, rank=rank, capacity=16, width=width, device=device)
+                mb.warm_up()
+                g = torch.Generator(device="cuda")
+                for r in range(rounds):
+                    b = 1 + (r * 5) % 16
+                    rows = []
+                    for q in range(2):
+                        g.manual_seed(7919 * r + q)
+                        rows.append(torch.randn(b, width, generator=g, device="cuda").to(torch.bfloat16))
+                    out = poisoned(b, 2 * width)
+                    mb.publish(rows[rank])
+                    mb.gather(out)
+                    mb.synchronize()
+                    assert torch.equal(out, torch.cat(rows, dim=1)), f"round {r}"
+                mb.barrier()
+        except BaseException as e:  # noqa: BLE001 (reported by the main thread)
+            errors[rank] = e
+
+    threads = [threading.Thread(target=rank_main, args=(rank,)) for rank in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a rank hung"
+    assert errors == [None, None], errors

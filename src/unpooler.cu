@@ -51,6 +51,7 @@ kernels::LaunchShape launch_shape(int n, int k, const UnpoolerTactic& t, int til
   shape.block = dim3(32 * t.warps(k));
   shape.smem_bytes = kernels::unpooler_smem_bytes(k, t.kw, tile, row_tiles);
   shape.cluster_y = t.splits;
+  shape.cluster_balance = t.cluster_balance;
   shape.enable_pdl = pdl;
   return shape;
 }

@@ -41,6 +41,7 @@ std::string UnpoolerTactic::to_string() const {
     }
     if (ranges.tellp() > 0) os << " rows" << rows * kUnpoolerTileN << "_at_m=" << ranges.str();
   }
+  if (cluster_balance && splits > 1) os << " cluster_balance";
   return os.str();
 }
 
@@ -118,6 +119,11 @@ UnpoolerTactic make_tactic(int splits, int kw, int accs, int tile16_from, int ro
   return t;
 }
 
+UnpoolerTactic balanced(UnpoolerTactic t) {
+  t.cluster_balance = true;
+  return t;
+}
+
 // A valid tactic for a shape the table does not list: a heuristic read off
 // the H200 tune (bench/results/unpooler_tune_*.json): enough CTAs for about
 // two per SM (the least S with (N / 16) * S >= 256), then the widest weight
@@ -156,7 +162,11 @@ const std::vector<UnpoolerTacticEntry>& unpooler_tactic_table() {
       "unpooler_tune_pooler_shapes_pdl_2026-12-01_4b6747b, ranks the same first): lowest mean us over M 4, 8, 16";
   static const std::vector<UnpoolerTacticEntry> table = {
       // Two row tiles at every M: 19.3 us at M 1..8 and 21.7 at 16 (one: 23.5-27.7).
-      {kMuseSpark.hidden / 1, kMuseSpark.pooled, make_tactic(2, 256, 1, 9, 1, 16), kMeasured},
+      // Clusters load-balanced: 19.3-19.5 -> 19.0-19.2 us PDL off at M 1..8, 21.6 -> 21.2
+      // at 16; PDL chain 17.7-18.0 -> 17.2-17.7 at M 1..8, 19.0 -> 19.1 at 16
+      // (unpooler_2026-12-01_271cd19+{base,lb}, two runs each; at tp 2 it lost in the chain).
+      {kMuseSpark.hidden / 1, kMuseSpark.pooled, balanced(make_tactic(2, 256, 1, 9, 1, 16)),
+       kMeasured},
       // 10.6-10.7 us at M 1..8, 12.4 at 16 (one row tile: 12.6-15.0).
       {kMuseSpark.hidden / 2, kMuseSpark.pooled, make_tactic(2, 256, 1, 9, 1, 16), kMeasured},
       // One row tile: with PDL off it ties two at M 1..2 (6.94 us) and is

@@ -83,6 +83,11 @@ struct UnpoolerTactic {
   // fragment for both, halving the activation reads that bound large
   // batches, in half the CTAs. Every R gives the same bits.
   std::array<int, kUnpoolerMaxM> row_tiles = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+  // Clusters (S > 1) launched with the load-balancing scheduling policy
+  // instead of the default (spread). Scheduling only: the same bits. It
+  // places the next wave's clusters sooner where a grid runs in two or more
+  // waves (measured: tp 1, bench/NOTES.md); ignored at S = 1.
+  bool cluster_balance = false;
 
   int warps(int k) const { return k / (splits * kw); }
   std::string to_string() const;

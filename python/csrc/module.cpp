@@ -89,6 +89,7 @@ py::dict tactic_dict(const sd::UnpoolerTactic& t) {
   d["accs"] = t.accs;
   d["token_tile"] = std::vector<int>(t.token_tile.begin(), t.token_tile.end());
   d["row_tiles"] = std::vector<int>(t.row_tiles.begin(), t.row_tiles.end());
+  d["cluster_balance"] = t.cluster_balance;
   return d;
 }
 
@@ -103,6 +104,8 @@ sd::UnpoolerTactic tactic_from(const py::dict& d, int n, int k) {
       t.kw = item.second.cast<int>();
     } else if (key == "accs") {
       t.accs = item.second.cast<int>();
+    } else if (key == "cluster_balance") {
+      t.cluster_balance = item.second.cast<bool>();
     } else if (key == "token_tile" || key == "row_tiles") {
       // A list of one entry per m in 1..16, or {m: value} over the table's.
       auto& dst = key == "token_tile" ? t.token_tile : t.row_tiles;

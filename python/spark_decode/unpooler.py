@@ -26,12 +26,15 @@ class UnpoolerShape(NamedTuple):
     accs: int | None = None
     token_tile: Mapping[int, int] | Sequence[int] | None = None
     row_tiles: Mapping[int, int] | Sequence[int] | None = None
+    cluster_balance: bool | None = None  # load-balanced cluster scheduling (same bits)
 
     def as_dict(self) -> dict:
         d: dict = {}
         for key in ("splits", "kw", "accs"):
             if getattr(self, key) is not None:
                 d[key] = int(getattr(self, key))
+        if self.cluster_balance is not None:
+            d["cluster_balance"] = bool(self.cluster_balance)
         for key in ("token_tile", "row_tiles"):
             per_m = getattr(self, key)
             if isinstance(per_m, Mapping):

@@ -63,7 +63,7 @@ class Tactics(unittest.TestCase):
     def test_table_tactics_round_trip(self):
         for n, k in [(8192, 4096), (4096, 4096), (2048, 4096), (1024, 4096), (4096, 8192)]:
             t = _C.unpooler_tactic(n, k)
-            self.assertEqual(sorted(t), ["accs", "kw", "row_tiles", "splits", "token_tile"])
+            self.assertEqual(sorted(t), ["accs", "cluster_balance", "kw", "row_tiles", "splits", "token_tile"])
             self.assertEqual(len(t["token_tile"]), _C.UNPOOLER_MAX_M)
             self.assertIsNone(_C.tactic_unsupported(n, k, t), (n, k, t))
             self.assertIsNone(_C.tactic_unsupported(n, k, {}))  # the table's, by default

@@ -182,3 +182,14 @@ TEST(UnpoolerConstruction, BadWeightsThrowBeforeTouchingTheGpu) {
   EXPECT_THROW(sd::Unpooler::from_moe(weight(48, 256), 5, 0), sd::InvalidArgument);
   EXPECT_THROW(sd::Unpooler::from_moe(weight(48, 256), 3, 3), sd::InvalidArgument);
 }
+
+TEST(UnpoolerValidation, ClusterBalanceIsPrintedOnlyWithClusters) {
+  auto t = tactic(1, 64, 1);
+  t.cluster_balance = true;  // ignored without a cluster
+  EXPECT_EQ(t.to_string(), "S=1 kw=64 accs=1 tile16_from_m=9");
+  t.splits = 2;
+  EXPECT_EQ(t.to_string(), "S=2 kw=64 accs=1 tile16_from_m=9 cluster_balance");
+  // Measured at tp 1 only (bench/NOTES.md): the table sets it there and nowhere else.
+  EXPECT_TRUE(sd::unpooler_tactic(8192, 4096).cluster_balance);
+  for (int n : {4096, 2048, 1024}) EXPECT_FALSE(sd::unpooler_tactic(n, 4096).cluster_balance) << n;
+}

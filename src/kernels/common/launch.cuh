@@ -13,11 +13,12 @@ struct LaunchShape {
   dim3 block;
   int smem_bytes = 0;
   int cluster_y = 1;         // cluster (1, cluster_y, 1) when > 1
+  bool cluster_balance = false;  // clusters: load-balancing scheduling policy
   bool enable_pdl = false;   // may start before the previous kernel ends
 };
 
 inline cudaLaunchConfig_t make_config(const LaunchShape& shape, cudaStream_t stream,
-                                      cudaLaunchAttribute (&attrs)[2]) {
+                                      cudaLaunchAttribute (&attrs)[3]) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = shape.grid;
   cfg.blockDim = shape.block;
@@ -30,6 +31,11 @@ inline cudaLaunchConfig_t make_config(const LaunchShape& shape, cudaStream_t str
     attrs[n].val.clusterDim.y = static_cast<unsigned>(shape.cluster_y);
     attrs[n].val.clusterDim.z = 1;
     ++n;
+    if (shape.cluster_balance) {
+      attrs[n].id = cudaLaunchAttributeClusterSchedulingPolicyPreference;
+      attrs[n].val.clusterSchedulingPolicyPreference = cudaClusterSchedulingPolicyLoadBalancing;
+      ++n;
+    }
   }
   if (shape.enable_pdl) {
     attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -44,7 +50,7 @@ inline cudaLaunchConfig_t make_config(const LaunchShape& shape, cudaStream_t str
 template <typename... Params, typename... Args>
 void launch(void (*kernel)(Params...), const LaunchShape& shape, cudaStream_t stream,
             Args&&... args) {
-  cudaLaunchAttribute attrs[2];
+  cudaLaunchAttribute attrs[3];
   const cudaLaunchConfig_t cfg = make_config(shape, stream, attrs);
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
   SPARK_CHECK_LAUNCH();
@@ -53,7 +59,7 @@ void launch(void (*kernel)(Params...), const LaunchShape& shape, cudaStream_t st
 // How many clusters of this shape fit the device at once (0: it cannot run).
 template <typename... Params>
 int max_active_clusters(void (*kernel)(Params...), const LaunchShape& shape) {
-  cudaLaunchAttribute attrs[2];
+  cudaLaunchAttribute attrs[3];
   LaunchShape one = shape;
   one.enable_pdl = false;
   const cudaLaunchConfig_t cfg = make_config(one, nullptr, attrs);

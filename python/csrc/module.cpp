@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "spark_decode/error.h"
@@ -130,6 +131,13 @@ sd::UnpoolerTactic tactic_from(const py::dict& d, int n, int k) {
   return t;
 }
 
+// [n, k] of a 2-D weight, n divided by tp (a shard of a replicated
+// weight), or zeros: the shape whose table tactic a tactic dict overrides.
+std::pair<int, int> weight_nk(const sd::TensorRef& w, int tp = 1) {
+  if (w.ndim != 2 || tp < 1) return {0, 0};
+  return {static_cast<int>(w.shape[0]) / tp, static_cast<int>(w.shape[1])};
+}
+
 sd::Unpooler::Options unpooler_options(sd::LamportMailbox* mailbox, bool enable_pdl,
                                        const std::optional<py::tuple>& ticket, std::vector<int> rows,
                                        const std::optional<py::dict>& tactic, int n, int k) {
@@ -235,8 +243,7 @@ PYBIND11_MODULE(_C, m) {
                        const std::optional<py::tuple>& ticket, std::vector<int> rows,
                        const std::optional<py::dict>& tactic) {
              const sd::TensorRef w = tensor_ref(weight);
-             const int n = w.ndim == 2 ? static_cast<int>(w.shape[0]) : 0;
-             const int k = w.ndim == 2 ? static_cast<int>(w.shape[1]) : 0;
+             const auto [n, k] = weight_nk(w);
              return sd::Unpooler(w, unpooler_options(mailbox, enable_pdl, ticket, std::move(rows), tactic, n, k));
            }),
            py::arg("weight"), py::arg("mailbox").none(true), py::arg("enable_pdl"), py::arg("ticket").none(true),
@@ -246,9 +253,7 @@ PYBIND11_MODULE(_C, m) {
           [](const py::tuple& full_weight, int tp, int rank, sd::LamportMailbox* mailbox, bool enable_pdl,
              const std::optional<py::tuple>& ticket, std::vector<int> rows, const std::optional<py::dict>& tactic) {
             const sd::TensorRef w = tensor_ref(full_weight);
-            // The table's tactic is the shard's ([H / tp, K]), as the constructor would pick it.
-            const int n = w.ndim == 2 && tp >= 1 ? static_cast<int>(w.shape[0]) / tp : 0;
-            const int k = w.ndim == 2 ? static_cast<int>(w.shape[1]) : 0;
+            const auto [n, k] = weight_nk(w, tp);  // the shard's table tactic, as the constructor picks it
             return sd::Unpooler::from_moe(
                 w, tp, rank, unpooler_options(mailbox, enable_pdl, ticket, std::move(rows), tactic, n, k));
           },
@@ -262,8 +267,7 @@ PYBIND11_MODULE(_C, m) {
             try {
               const sd::TensorRef w = tensor_ref(weight);
               if (!tactic) return sd::Unpooler::unsupported(w);
-              const int n = w.ndim == 2 ? static_cast<int>(w.shape[0]) : 0;
-              const int k = w.ndim == 2 ? static_cast<int>(w.shape[1]) : 0;
+              const auto [n, k] = weight_nk(w);
               return sd::Unpooler::unsupported(w, tactic_from(*tactic, n, k));
             } catch (const sd::InvalidArgument& e) {
               return std::string(e.what());

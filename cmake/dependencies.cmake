@@ -3,6 +3,7 @@
 # no package registry, the same headers carried in .deps/include.
 set(SPARK_DECODE_DEPS_DIR "${PROJECT_SOURCE_DIR}/.deps/include")
 
+if(SPARK_DECODE_BUILD_TOOLS)  # JSON and CLI11 serve the tool and its benchmarks only
 find_package(nlohmann_json 3.10 QUIET)
 if(nlohmann_json_FOUND)
   add_library(spark_decode::json ALIAS nlohmann_json::nlohmann_json)
@@ -21,6 +22,7 @@ else()
   add_library(spark_decode_cli11 INTERFACE)
   target_include_directories(spark_decode_cli11 SYSTEM INTERFACE ${SPARK_CLI11_INCLUDE})
   add_library(spark_decode::cli11 ALIAS spark_decode_cli11)
+endif()
 endif()
 
 if(SPARK_DECODE_BUILD_TESTS)

@@ -81,4 +81,9 @@ foreach(src IN LISTS _py_sources)
 endforeach()
 add_custom_target(spark_decode_python_sources ALL DEPENDS ${_py_copies})
 add_dependencies(spark_decode_python spark_decode_python_sources)
+
+# `cmake --install <build> --component python`, and what a wheel holds
+# (pyproject.toml): the package into <prefix>/spark_decode.
+install(TARGETS spark_decode_python LIBRARY DESTINATION spark_decode COMPONENT python)
+install(FILES ${_py_sources} DESTINATION spark_decode COMPONENT python)
 message(STATUS "spark-decode: Python package for ${Python3_EXECUTABLE} (${Python3_VERSION}) in ${CMAKE_BINARY_DIR}/python")

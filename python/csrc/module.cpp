@@ -81,6 +81,15 @@ py::tuple describe(const sd::TensorRef& r) {
 
 cudaStream_t stream_of(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
 
+// f() with the GIL released: the library's calls touch no Python object
+// (a group's callbacks take the GIL back), and other threads (ranks of this
+// process) may need it meanwhile.
+template <typename F>
+auto without_gil(F&& f) {
+  py::gil_scoped_release release;
+  return f();
+}
+
 // ---- tactics --------------------------------------------------------------------
 
 py::dict tactic_dict(const sd::UnpoolerTactic& t) {
@@ -278,8 +287,7 @@ PYBIND11_MODULE(_C, m) {
           "run",
           [](sd::Unpooler& u, const py::tuple& x, const py::tuple& out, uintptr_t stream) {
             const sd::TensorRef xr = tensor_ref(x), outr = tensor_ref(out);
-            py::gil_scoped_release release;
-            u.run(xr, outr, stream_of(stream));
+            without_gil([&] { u.run(xr, outr, stream_of(stream)); });
           },
           py::arg("x"), py::arg("out"), py::arg("stream"))
       .def_property_readonly("n", &sd::Unpooler::n)
@@ -307,8 +315,8 @@ PYBIND11_MODULE(_C, m) {
              // Collective: other ranks may be threads of this process that
              // need the GIL to reach their constructor (the group's
              // callbacks take it back).
-             py::gil_scoped_release release;
-             return std::make_unique<sd::LamportMailbox>(group, tp, rank, capacity, width, device, o);
+             return without_gil(
+                 [&] { return std::make_unique<sd::LamportMailbox>(group, tp, rank, capacity, width, device, o); });
            }),
            py::arg("group"), py::arg("tp"), py::arg("rank"), py::arg("capacity"), py::arg("width"),
            py::arg("device"), py::arg("spin_timeout_s"), py::arg("guard_bytes") = 0, py::keep_alive<1, 2>())
@@ -318,8 +326,7 @@ PYBIND11_MODULE(_C, m) {
             const sd::TensorRef s = tensor_ref(src);
             sd::LamportMailbox::PublishOptions o;
             o.enable_pdl = enable_pdl;
-            py::gil_scoped_release release;
-            mb.publish(s, stream_of(stream), o);
+            without_gil([&] { mb.publish(s, stream_of(stream), o); });
           },
           py::arg("src"), py::arg("stream"), py::arg("enable_pdl") = true)
       .def(
@@ -328,8 +335,7 @@ PYBIND11_MODULE(_C, m) {
             const sd::TensorRef o = tensor_ref(out);
             sd::LamportMailbox::GatherOptions opt;
             opt.enable_pdl = enable_pdl;
-            py::gil_scoped_release release;
-            mb.gather(o, stream_of(stream), opt);
+            without_gil([&] { mb.gather(o, stream_of(stream), opt); });
           },
           py::arg("out"), py::arg("stream"), py::arg("enable_pdl") = true)
       .def("synchronize", [](const sd::LamportMailbox& mb, uintptr_t stream) { mb.synchronize(stream_of(stream)); },
@@ -358,8 +364,7 @@ PYBIND11_MODULE(_C, m) {
           "run",
           [](const sd::ExpertNorm& e, const py::tuple& x, const py::tuple& y, uintptr_t stream) {
             const sd::TensorRef xr = tensor_ref(x), yr = tensor_ref(y);
-            py::gil_scoped_release release;
-            e.run(xr, yr, stream_of(stream));
+            without_gil([&] { e.run(xr, yr, stream_of(stream)); });
           },
           py::arg("x"), py::arg("y"), py::arg("stream"))
       .def_property_readonly("cols", &sd::ExpertNorm::cols);
@@ -397,9 +402,10 @@ PYBIND11_MODULE(_C, m) {
              for (const auto& l : layers) ls.push_back(pooler_layer_from(l));
              sd::PoolerOptions o;
              o.spin_timeout_s = spin_timeout_s;
-             py::gil_scoped_release release;  // collective, as the mailbox's
-             return std::make_unique<sd::Pooler>(group, tp, rank, device, std::move(ls), std::move(batches),
-                                                 capacity, enable_pdl, o);
+             return without_gil([&] {  // collective, as the mailbox's
+               return std::make_unique<sd::Pooler>(group, tp, rank, device, std::move(ls), std::move(batches),
+                                                   capacity, enable_pdl, o);
+             });
            }),
            py::arg("group"), py::arg("tp"), py::arg("rank"), py::arg("device"), py::arg("layers"),
            py::arg("batches"), py::arg("capacity"), py::arg("enable_pdl"), py::arg("spin_timeout_s"),
@@ -408,42 +414,24 @@ PYBIND11_MODULE(_C, m) {
           "project",
           [](sd::Pooler& p, int layer, const py::tuple& x, uintptr_t stream) {
             const sd::TensorRef xr = tensor_ref(x);
-            sd::TensorRef out;
-            {
-              py::gil_scoped_release release;
-              out = p.project(layer, xr, stream_of(stream));
-            }
-            return describe(out);
+            return describe(without_gil([&] { return p.project(layer, xr, stream_of(stream)); }));
           },
           py::arg("layer"), py::arg("x"), py::arg("stream"))
       .def(
           "publish",
-          [](sd::Pooler& p, int b, uintptr_t stream) {
-            py::gil_scoped_release release;
-            p.publish(b, stream_of(stream));
-          },
+          [](sd::Pooler& p, int b, uintptr_t stream) { without_gil([&] { p.publish(b, stream_of(stream)); }); },
           py::arg("b"), py::arg("stream"))
       .def(
           "gather",
           [](sd::Pooler& p, int layer, int b, uintptr_t stream) {
-            sd::PoolerOutput o;
-            {
-              py::gil_scoped_release release;
-              o = p.gather(layer, b, stream_of(stream));
-            }
-            return pooler_output(o);
+            return pooler_output(without_gil([&] { return p.gather(layer, b, stream_of(stream)); }));
           },
           py::arg("layer"), py::arg("b"), py::arg("stream"))
       .def(
           "run",
           [](sd::Pooler& p, int layer, const py::tuple& x, uintptr_t stream) {
             const sd::TensorRef xr = tensor_ref(x);
-            sd::PoolerOutput o;
-            {
-              py::gil_scoped_release release;
-              o = p.run(layer, xr, stream_of(stream));
-            }
-            return pooler_output(o);
+            return pooler_output(without_gil([&] { return p.run(layer, xr, stream_of(stream)); }));
           },
           py::arg("layer"), py::arg("x"), py::arg("stream"))
       .def("warm_up", [](sd::Pooler& p, uintptr_t stream) { p.warm_up(stream_of(stream)); },

@@ -96,7 +96,7 @@ class Views:
         self._cache: dict[tuple, torch.Tensor] = {}
 
     def __call__(self, desc: tuple) -> torch.Tensor:
-        key = (desc[0], desc[1], tuple(desc[2]), tuple(desc[3]), desc[4])
+        key = desc  # (int, str, tuple, tuple, int): hashable as the module returns it
         view = self._cache.get(key)
         if view is None:
             raw = torch.as_tensor(_DeviceArray(desc, self._owner), device=torch.device("cuda", desc[4]))

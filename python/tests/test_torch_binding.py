@@ -419,20 +419,16 @@ def _as_tuple(out):
 # ---- torch.distributed: two processes -----------------------------------------------
 
 
-def _two_rank_mailbox(rank, init_file, width, rounds, result_dir):
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
-    torch.cuda.set_device(rank % torch.cuda.device_count())
-    device = torch.cuda.current_device()
-    mb = sd.LamportMailbox(dist.group.WORLD, tp=2, rank=rank, capacity=16, width=width, device=device)
-    mb.warm_up()
+def _exchange_rounds(mb, rank: int, width: int, rounds: int) -> list[int]:
+    """Rounds of publish + gather at tp 2 with random b; every rank can make
+    every rank's rows (seeded by round and source), so each checks the
+    gathered rows whole. Returns the rounds whose rows came out wrong."""
     g = torch.Generator(device="cuda")
     failures = []
     for r in range(rounds):
         b = 1 + (r * 7) % 16
         rows = []
-        for q in range(2):  # both ranks can make every rank's rows
+        for q in range(2):
             g.manual_seed(1000 * r + q)
             rows.append(torch.randn(b, width, generator=g, device="cuda").to(torch.bfloat16))
         out = poisoned(b, 2 * width)
@@ -441,6 +437,18 @@ def _two_rank_mailbox(rank, init_file, width, rounds, result_dir):
         mb.synchronize()
         if not torch.equal(out, torch.cat(rows, dim=1)):
             failures.append(r)
+    return failures
+
+
+def _two_rank_mailbox(rank, init_file, width, rounds, result_dir):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    device = torch.cuda.current_device()
+    mb = sd.LamportMailbox(dist.group.WORLD, tp=2, rank=rank, capacity=16, width=width, device=device)
+    mb.warm_up()
+    failures = _exchange_rounds(mb, rank, width, rounds)
     mb.barrier()
     with open(os.path.join(result_dir, f"rank{rank}"), "w") as f:
         f.write(",".join(map(str, failures)))
@@ -501,19 +509,9 @@ def test_mailbox_ranks_as_threads_of_one_process():
             with torch.cuda.stream(torch.cuda.Stream()):  # a rank's own stream
                 mb = sd.LamportMailbox(group.member(rank), tp=2, rank=rank, capacity=16, width=width, device=device)
                 mb.warm_up()
-                g = torch.Generator(device="cuda")
-                for r in range(rounds):
-                    b = 1 + (r * 5) % 16
-                    rows = []
-                    for q in range(2):
-                        g.manual_seed(7919 * r + q)
-                        rows.append(torch.randn(b, width, generator=g, device="cuda").to(torch.bfloat16))
-                    out = poisoned(b, 2 * width)
-                    mb.publish(rows[rank])
-                    mb.gather(out)
-                    mb.synchronize()
-                    assert torch.equal(out, torch.cat(rows, dim=1)), f"round {r}"
+                failures = _exchange_rounds(mb, rank, width, rounds)
                 mb.barrier()
+                assert not failures, f"rounds with wrong rows: {failures}"
         except BaseException as e:  # noqa: BLE001 (reported by the main thread)
             errors[rank] = e
 

@@ -102,8 +102,10 @@ Unpooler::Unpooler(const TensorRef& weight, Options options)
   } else {
     SPARK_CHECK(!options.ticket, "a ticket stage needs a mailbox");
   }
-  std::vector<int> rows = options.rows;
-  if (rows.empty())
+  std::vector<int> rows;
+  if (options.rows)
+    rows = *options.rows;
+  else
     for (int m = 1; m <= max_m_; ++m) rows.push_back(m);
   for (int m : rows) SPARK_CHECK(m >= 1 && m <= max_m_, "rows: ", m, " outside 1..", max_m_);
   detail::require_sm90(device_, "the unpooler GEMM");

@@ -121,10 +121,11 @@ class Unpooler {
   struct Options {
     bool enable_pdl = true;
     std::optional<UnpoolerTactic> tactic;  // default: unpooler_tactic(N, K)
-    // Row counts whose token tiles are prepared at construction (default:
-    // all of 1..max_m). run() with another m prepares its tile then, which
-    // it refuses under CUDA graph capture.
-    std::vector<int> rows;
+    // Row counts whose token tiles are prepared at construction (nullopt,
+    // the default: all of 1..max_m; empty: none, as the seed's rows=()).
+    // run() with another m prepares its tile then, which it refuses under
+    // CUDA graph capture.
+    std::optional<std::vector<int>> rows;
     // Zero-copy publish into this mailbox (not owned; it must outlive the
     // Unpooler), and optionally the ticket that gives its stage: INT32 [1],
     // non-null, 4-byte aligned, on the mailbox's device, a view that must

@@ -148,7 +148,8 @@ std::pair<int, int> weight_nk(const sd::TensorRef& w, int tp = 1) {
 }
 
 sd::Unpooler::Options unpooler_options(sd::LamportMailbox* mailbox, bool enable_pdl,
-                                       const std::optional<py::tuple>& ticket, std::vector<int> rows,
+                                       const std::optional<py::tuple>& ticket,
+                                       std::optional<std::vector<int>> rows,
                                        const std::optional<py::dict>& tactic, int n, int k) {
   sd::Unpooler::Options o;
   o.enable_pdl = enable_pdl;
@@ -249,26 +250,27 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<sd::Unpooler>(m, "Unpooler")
       .def(py::init([](const py::tuple& weight, sd::LamportMailbox* mailbox, bool enable_pdl,
-                       const std::optional<py::tuple>& ticket, std::vector<int> rows,
+                       const std::optional<py::tuple>& ticket, std::optional<std::vector<int>> rows,
                        const std::optional<py::dict>& tactic) {
              const sd::TensorRef w = tensor_ref(weight);
              const auto [n, k] = weight_nk(w);
              return sd::Unpooler(w, unpooler_options(mailbox, enable_pdl, ticket, std::move(rows), tactic, n, k));
            }),
            py::arg("weight"), py::arg("mailbox").none(true), py::arg("enable_pdl"), py::arg("ticket").none(true),
-           py::arg("rows"), py::arg("tactic").none(true), py::keep_alive<1, 3>())
+           py::arg("rows").none(true), py::arg("tactic").none(true), py::keep_alive<1, 3>())
       .def_static(
           "from_moe",
           [](const py::tuple& full_weight, int tp, int rank, sd::LamportMailbox* mailbox, bool enable_pdl,
-             const std::optional<py::tuple>& ticket, std::vector<int> rows, const std::optional<py::dict>& tactic) {
+             const std::optional<py::tuple>& ticket, std::optional<std::vector<int>> rows,
+             const std::optional<py::dict>& tactic) {
             const sd::TensorRef w = tensor_ref(full_weight);
             const auto [n, k] = weight_nk(w, tp);  // the shard's table tactic, as the constructor picks it
             return sd::Unpooler::from_moe(
                 w, tp, rank, unpooler_options(mailbox, enable_pdl, ticket, std::move(rows), tactic, n, k));
           },
           py::arg("full_weight"), py::arg("tp"), py::arg("rank"), py::arg("mailbox").none(true),
-          py::arg("enable_pdl"), py::arg("ticket").none(true), py::arg("rows"), py::arg("tactic").none(true),
-          py::keep_alive<0, 4>())
+          py::arg("enable_pdl"), py::arg("ticket").none(true), py::arg("rows").none(true),
+          py::arg("tactic").none(true), py::keep_alive<0, 4>())
       .def_static(
           "unsupported",
           [](const py::tuple& weight, const std::optional<py::dict>& tactic) -> std::optional<std::string> {

@@ -69,9 +69,9 @@ class Unpooler:
     at construction. With ``mailbox`` (the next boundary's LamportMailbox,
     width N) the epilogue also publishes y into it; with ``ticket`` (int32
     [1] on the mailbox's device, stage << 16) the slot's stage is the
-    ticket's. ``rows`` limits which token tiles are prepared now (default,
-    and for an empty ``rows`` too: every m); a run with another m prepares its tile then, which is refused
-    under CUDA graph capture. ``run`` allocates nothing, synchronises
+    ticket's. ``rows`` limits which token tiles are prepared now (default: every m;
+    ``()``: none); a run with another m prepares its tile then, which is
+    refused under CUDA graph capture. ``run`` allocates nothing, synchronises
     nothing and is graph-capturable; it enqueues on torch's current stream.
     Invalid input raises InvalidArgument (a ValueError) with the reason.
     """
@@ -93,7 +93,7 @@ class Unpooler:
             None if mailbox is None else mailbox._impl,
             enable_pdl,
             optional(ticket, "ticket"),
-            list(rows or ()),
+            None if rows is None else list(rows),
             _tactic(shape),
         )
         self.n, self.k, self.max_m = self._impl.n, self._impl.k, self._impl.max_m
@@ -134,7 +134,7 @@ class Unpooler:
             None if mailbox is None else mailbox._impl,
             enable_pdl,
             optional(ticket, "ticket"),
-            list(rows or ()),
+            None if rows is None else list(rows),
             _tactic(shape),
         )
         n = full.shape[0] // tp

@@ -192,6 +192,12 @@ def test_unpooler_rows_limit_what_is_prepared(gen):
     torch.cuda.synchronize()
     assert u.prepared(tile9, rows9)
     check_gemm(x, w, out)
+    # rows=() prepares no tile (the seed's meaning); the first eager run does.
+    lazy = sd.Unpooler(w, rows=())
+    assert not lazy.prepared(t["token_tile"][0], t["row_tiles"][0])
+    lazy.run(x[:1], out[:1])
+    torch.cuda.synchronize()
+    assert lazy.prepared(t["token_tile"][0], t["row_tiles"][0])
     # The shape a tactic reports is one the constructor takes back.
     same = sd.Unpooler(w, shape=sd.UnpoolerShape(**t))
     assert same.tactic == t

@@ -427,6 +427,17 @@ TEST(UnpoolerGpu, RunValidatesAndLaunchesNothingOnBadInput) {
   EXPECT_NO_THROW(u.run(p.x.get(), p.out.get(), 9, stream));
   CUDA_CHECK(cudaStreamSynchronize(stream));
   EXPECT_TRUE(u.prepared(16, u.tactic().row_tiles[8]));
+
+  // An empty rows (the seed's rows=()) prepares nothing; the first eager run
+  // of each tile prepares it.
+  sd::Unpooler::Options none;
+  none.rows = std::vector<int>{};
+  sd::Unpooler lazy(weight_ref(p.w.get(), n, k), none);
+  for (int tile : {8, 16})
+    for (int r : sd::kUnpoolerRowTiles) EXPECT_FALSE(lazy.prepared(tile, r)) << tile << " x" << r;
+  EXPECT_NO_THROW(lazy.run(p.x.get(), p.out.get(), 1, stream));
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  EXPECT_TRUE(lazy.prepared(lazy.tactic().token_tile[0], lazy.tactic().row_tiles[0]));
   CUDA_CHECK(cudaStreamDestroy(stream));
 }
 

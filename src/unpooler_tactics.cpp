@@ -158,8 +158,9 @@ const std::vector<UnpoolerTacticEntry>& unpooler_tactic_table() {
       "H200, 2026-12-01, unpooler_tune_2026-12-01_2909260 (PDL off) and "
       "unpooler_tune_pdl_2026-12-01_4b6747b (PDL chain): lowest mean us over M 1..16";
   static const char* kMeasuredPooler =
-      "H200, 2026-12-01, unpooler_tune_pooler_shapes_2026-12-01_2909260 (PDL off; the PDL chain, "
-      "unpooler_tune_pooler_shapes_pdl_2026-12-01_4b6747b, ranks the same first): lowest mean us over M 4, 8, 16";
+      "H200, 2026-12-01, unpooler_tune_pooler_shapes_2026-12-01_a1179be (PDL off) and "
+      "unpooler_tune_pooler_shapes_pdl_2026-12-01_a1179be (PDL chain): lowest sum of the two "
+      "modes' mean us over M 4, 8, 16";
   static const std::vector<UnpoolerTacticEntry> table = {
       // Two row tiles at every M: 19.3 us at M 1..8 and 21.7 at 16 (one: 23.5-27.7).
       // Clusters load-balanced: 19.3-19.5 -> 19.0-19.2 us PDL off at M 1..8, 21.6 -> 21.2
@@ -178,10 +179,20 @@ const std::vector<UnpoolerTacticEntry>& unpooler_tactic_table() {
       // 0.26-0.68 us faster in a PDL chain (3.07 vs 3.33 us at M = 1).
       {kMuseSpark.hidden / 8, kMuseSpark.pooled, make_tactic(1, 256, 1, 9), kMeasured},
       // The pooler GEMM's shapes N = P / tp at K = H, which the Pooler's MMA
-      // engine serves from b = 2 on (b = 3 at tp 1): `tune unpooler --pooler-shapes --m 4,8,16`.
-      {kMuseSpark.pooled / 1, kMuseSpark.hidden, make_tactic(2, 256, 1, 9, 1, 16), kMeasuredPooler},
-      {kMuseSpark.pooled / 2, kMuseSpark.hidden, make_tactic(2, 256, 1, 9, 1, 16), kMeasuredPooler},
-      {kMuseSpark.pooled / 4, kMuseSpark.hidden, make_tactic(2, 256, 1, 9), kMeasuredPooler},
+      // engine serves from b = 2 on (b = 3 at tp 1): `tune unpooler --pooler-shapes
+      // --m 4,8,16`, both modes, each clustered tactic under both scheduling
+      // policies. At tp 1-4 S = 4 with load-balanced clusters won both modes'
+      // sum (16 warps per CTA at S = 2 fill an SM; at S = 4 a CTA of 8 warps
+      // leaves room for a second, and load balancing places the next cluster
+      // as soon as two half-free SMs exist). tp 1, M = 4 / 8 / 16: PDL off
+      // 19.63 / 19.80 / 22.26 us (S = 2: 20.07 / 20.41 / 23.13), PDL chain
+      // 17.54 / 17.68 / 20.40 (17.98 / 18.32 / 20.23). tp 2: 10.96 / 11.08 /
+      // 12.59 (11.06 / 11.32 / 13.09) and 9.49 / 9.61 / 10.52 (9.30 / 9.51 /
+      // 10.80). tp 4: 7.24 / 7.44 / 8.28 (7.32 / 7.56 / 8.57) and 5.45 / 5.68 /
+      // 6.35 (5.56 / 5.82 / 6.64). tp 8 keeps S = 2 (first in both modes).
+      {kMuseSpark.pooled / 1, kMuseSpark.hidden, balanced(make_tactic(4, 256, 1, 9, 1, 16)), kMeasuredPooler},
+      {kMuseSpark.pooled / 2, kMuseSpark.hidden, balanced(make_tactic(4, 256, 1, 9, 1, 16)), kMeasuredPooler},
+      {kMuseSpark.pooled / 4, kMuseSpark.hidden, balanced(make_tactic(4, 256, 1, 9)), kMeasuredPooler},
       {kMuseSpark.pooled / 8, kMuseSpark.hidden, make_tactic(2, 256, 1, 9), kMeasuredPooler},
   };
   return table;

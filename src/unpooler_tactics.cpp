@@ -181,16 +181,20 @@ const std::vector<UnpoolerTacticEntry>& unpooler_tactic_table() {
       // The pooler GEMM's shapes N = P / tp at K = H, which the Pooler's MMA
       // engine serves from b = 2 on (b = 3 at tp 1): `tune unpooler --pooler-shapes
       // --m 4,8,16`, both modes, each clustered tactic under both scheduling
-      // policies. At tp 1-4 S = 4 with load-balanced clusters won both modes'
-      // sum (16 warps per CTA at S = 2 fill an SM; at S = 4 a CTA of 8 warps
-      // leaves room for a second, and load balancing places the next cluster
-      // as soon as two half-free SMs exist). tp 1, M = 4 / 8 / 16: PDL off
-      // 19.63 / 19.80 / 22.26 us (S = 2: 20.07 / 20.41 / 23.13), PDL chain
-      // 17.54 / 17.68 / 20.40 (17.98 / 18.32 / 20.23). tp 2: 10.96 / 11.08 /
-      // 12.59 (11.06 / 11.32 / 13.09) and 9.49 / 9.61 / 10.52 (9.30 / 9.51 /
-      // 10.80). tp 4: 7.24 / 7.44 / 8.28 (7.32 / 7.56 / 8.57) and 5.45 / 5.68 /
-      // 6.35 (5.56 / 5.82 / 6.64). tp 8 keeps S = 2 (first in both modes).
-      {kMuseSpark.pooled / 1, kMuseSpark.hidden, balanced(make_tactic(4, 256, 1, 9, 1, 16)), kMeasuredPooler},
+      // policies. At tp 2 and 4, S = 4 with load-balanced clusters wins both
+      // modes' sum (at S = 2 a CTA of 16 warps fills an SM; at S = 4 a CTA of 8
+      // warps leaves room for a second, and load balancing places the next
+      // cluster as soon as two half-free SMs exist). tp 2, M = 4 / 8 / 16: PDL
+      // off 10.96 / 11.08 / 12.59 us (S = 2: 11.06 / 11.32 / 13.09), PDL chain
+      // 9.49 / 9.61 / 10.52 (9.30 / 9.51 / 10.80); tp 4: 7.24 / 7.44 / 8.28
+      // (7.32 / 7.56 / 8.57) and 5.45 / 5.68 / 6.35 (5.56 / 5.82 / 6.64).
+      // tp 1 keeps S = 2: S = 4 balanced was faster in the tune (PDL off
+      // 19.63 / 19.80 / 22.26 vs 20.07 / 20.41 / 23.13; chain 17.54 / 17.68 /
+      // 20.40 vs 17.98 / 18.32 / 20.23) but slower where the Pooler runs it:
+      // Pooler.run at b = 16 25.18 us against 24.6 with S = 2 and the stock
+      // path's 25.0 (pooler_2026-12-01_795f9cf), its chain figure at M = 16
+      // being the worse one. tp 8 keeps S = 2 (first in both modes).
+      {kMuseSpark.pooled / 1, kMuseSpark.hidden, make_tactic(2, 256, 1, 9, 1, 16), kMeasuredPooler},
       {kMuseSpark.pooled / 2, kMuseSpark.hidden, balanced(make_tactic(4, 256, 1, 9, 1, 16)), kMeasuredPooler},
       {kMuseSpark.pooled / 4, kMuseSpark.hidden, balanced(make_tactic(4, 256, 1, 9)), kMeasuredPooler},
       {kMuseSpark.pooled / 8, kMuseSpark.hidden, make_tactic(2, 256, 1, 9), kMeasuredPooler},

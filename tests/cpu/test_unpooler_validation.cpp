@@ -189,10 +189,10 @@ TEST(UnpoolerValidation, ClusterBalanceIsPrintedOnlyWithClusters) {
   EXPECT_EQ(t.to_string(), "S=1 kw=64 accs=1 tile16_from_m=9");
   t.splits = 2;
   EXPECT_EQ(t.to_string(), "S=2 kw=64 accs=1 tile16_from_m=9 cluster_balance");
-  // Where the tune measured it faster (bench/NOTES.md): the unpooler at tp 1
-  // and the pooler GEMM's MMA engine at tp 1-4; nowhere else.
+  // Where it was measured faster (bench/NOTES.md): the unpooler at tp 1 and
+  // the pooler GEMM's MMA engine at tp 2 and 4; nowhere else.
   EXPECT_TRUE(sd::unpooler_tactic(8192, 4096).cluster_balance);
   for (int n : {4096, 2048, 1024}) EXPECT_FALSE(sd::unpooler_tactic(n, 4096).cluster_balance) << n;
-  for (int n : {4096, 2048, 1024}) EXPECT_TRUE(sd::unpooler_tactic(n, 8192).cluster_balance) << n;
-  EXPECT_FALSE(sd::unpooler_tactic(512, 8192).cluster_balance);
+  for (int n : {2048, 1024}) EXPECT_TRUE(sd::unpooler_tactic(n, 8192).cluster_balance) << n;
+  for (int n : {4096, 512}) EXPECT_FALSE(sd::unpooler_tactic(n, 8192).cluster_balance) << n;
 }

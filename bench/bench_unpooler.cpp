@@ -166,66 +166,67 @@ std::string tune_unpooler(const UnpoolerBenchOptions& o) {
     ColdWeights weights(n, k);
     const double floor = floor_us(size_t{2} * n * k, report.hbm_read_TBps);
     std::multimap<double, std::string> ranking;
+    // Times tactic t with each compiled R > 1 row tiles per CTA at every m,
+    // where it compiles: every R gives the same bits, so the table may pick
+    // any per m; a tactic ranks by its mean over m of the best R.
+    auto time_tactic = [&](const UnpoolerTactic& t) {
+      std::vector<UnpoolerTactic> variants = {t};
+      for (int rows : kUnpoolerRowTiles) {
+        if (rows == 1) continue;
+        UnpoolerTactic tr = t;
+        tr.row_tiles.fill(rows);
+        if (!launch_unsupported(n, k, tr)) variants.push_back(tr);
+      }
+      std::printf("  tp %d: %s (%zu row tilings) ...", tp, t.to_string().c_str(), variants.size());
+      std::fflush(stdout);
+      std::vector<double> best(o.ms.size(), 1e30);
+      std::vector<int> best_rows(o.ms.size(), 1);
+      for (const UnpoolerTactic& variant : variants) {
+        Unpooler::Options opt;
+        opt.enable_pdl = o.pdl;
+        opt.tactic = variant;
+        auto u = weights.unpoolers(opt);
+        for (size_t i = 0; i < o.ms.size(); ++i) {
+          const int m = o.ms[i];
+          const double us = time_graph([&](cudaStream_t st, int c) { u[c].run(x.get(), out.get(), m, st); },
+                                       weights.copies, o.repeats, stream);
+          report.records.push_back(
+              {"unpooler", "spark", variant.to_string(), o.pdl ? "pdl_chain" : "graph", tp, m, n, k, us, floor});
+          if (us < best[i]) {
+            best[i] = us;
+            best_rows[i] = variant.row_tiles[m - 1];
+          }
+        }
+      }
+      double sum = 0;
+      std::string line;
+      for (size_t i = 0; i < o.ms.size(); ++i) {
+        sum += best[i];
+        char buf[64];
+        std::snprintf(buf, sizeof buf, " m%d=%.2f%s", o.ms[i], best[i],
+                      best_rows[i] > 1 ? ("(r" + std::to_string(best_rows[i]) + ")").c_str() : "");
+        line += buf;
+      }
+      std::printf("%s\n", line.c_str());
+      ranking.emplace(sum / o.ms.size(), t.to_string() + line);
+    };
     for (int s : {1, 2, 4, 8})
       for (int kw : kUnpoolerKws)
         for (int accs : {1, 2, 4}) {
           if (launch_unsupported(n, k, s, kw, accs) || !wanted(o.splits, s) || !wanted(o.kws, kw) ||
               !wanted(o.accs, accs))
             continue;
-          // Each clustered tactic under both cluster scheduling policies (the
-          // default spread and load balancing): scheduling only, the same
-          // bits, and which is faster depends on how many clusters share a
-          // pair of SMs (bench/NOTES.md), so it is measured, not assumed.
-          for (bool balance : {false, true}) {
-            if (balance && s == 1) continue;
-            UnpoolerTactic t;
-            t.splits = s;
-            t.cluster_balance = balance;
-            t.kw = kw;
-            t.accs = accs;
-            // The same tactic with each compiled R > 1 row tiles per CTA at
-            // every m, where it compiles: every R gives the same bits, so the
-            // table may pick any per m; a tactic ranks by its mean over m of
-            // the best R.
-            std::vector<UnpoolerTactic> variants = {t};
-            for (int rows : kUnpoolerRowTiles) {
-              if (rows == 1) continue;
-              UnpoolerTactic tr = t;
-              tr.row_tiles.fill(rows);
-              if (!launch_unsupported(n, k, tr)) variants.push_back(tr);
-            }
-            std::printf("  tp %d: %s (%zu row tilings) ...", tp, t.to_string().c_str(), variants.size());
-            std::fflush(stdout);
-            std::vector<double> best(o.ms.size(), 1e30);
-            std::vector<int> best_rows(o.ms.size(), 1);
-            for (const UnpoolerTactic& variant : variants) {
-              Unpooler::Options opt;
-              opt.enable_pdl = o.pdl;
-              opt.tactic = variant;
-              auto u = weights.unpoolers(opt);
-              for (size_t i = 0; i < o.ms.size(); ++i) {
-                const int m = o.ms[i];
-                const double us = time_graph([&](cudaStream_t st, int c) { u[c].run(x.get(), out.get(), m, st); },
-                                             weights.copies, o.repeats, stream);
-                report.records.push_back(
-                    {"unpooler", "spark", variant.to_string(), o.pdl ? "pdl_chain" : "graph", tp, m, n, k, us, floor});
-                if (us < best[i]) {
-                  best[i] = us;
-                  best_rows[i] = variant.row_tiles[m - 1];
-                }
-              }
-            }
-            double sum = 0;
-            std::string line;
-            for (size_t i = 0; i < o.ms.size(); ++i) {
-              sum += best[i];
-              char buf[64];
-              std::snprintf(buf, sizeof buf, " m%d=%.2f%s", o.ms[i], best[i],
-                            best_rows[i] > 1 ? ("(r" + std::to_string(best_rows[i]) + ")").c_str() : "");
-              line += buf;
-            }
-            std::printf("%s\n", line.c_str());
-            ranking.emplace(sum / o.ms.size(), t.to_string() + line);
+          UnpoolerTactic t;
+          t.splits = s;
+          t.kw = kw;
+          t.accs = accs;
+          time_tactic(t);
+          // Clustered tactics also under the load-balancing scheduling policy:
+          // scheduling only, the same bits, and whether it is faster depends on
+          // how many clusters share a pair of SMs (bench/NOTES.md).
+          if (s > 1) {
+            t.cluster_balance = true;
+            time_tactic(t);
           }
         }
     std::printf("tp %d (N=%d, floor %.2f us, %s): tactics by mean us over m\n", tp, n, floor,

@@ -303,7 +303,16 @@ PYBIND11_MODULE(_C, m) {
   // ---- Group, LamportMailbox ----
   py::class_<sd::Group>(m, "Group")
       .def_property_readonly("rank", &sd::Group::rank)
-      .def_property_readonly("size", &sd::Group::size);
+      .def_property_readonly("size", &sd::Group::size)
+      // The rendezvous as the library calls it (every rank's bytes, in rank
+      // order), checked the same way: for tests of a transport.
+      .def("all_gather",
+           [](sd::Group& g, const py::bytes& data) {
+             const std::string in = data;
+             const std::vector<uint8_t> out = g.all_gather(in.data(), in.size());
+             return py::bytes(reinterpret_cast<const char*>(out.data()), out.size());
+           })
+      .def("barrier", &sd::Group::barrier);
   py::class_<CallbackGroup, sd::Group>(m, "CallbackGroup")
       .def(py::init<int, int, std::function<py::bytes(py::bytes)>, std::function<void()>>(), py::arg("rank"),
            py::arg("size"), py::arg("all_gather"), py::arg("barrier"));

@@ -103,9 +103,11 @@ def test_unpooler_graph_replay_and_side_stream_equal_eager(gen):
             graph.replay()
             eager = poisoned(m, n)
             # The run must go to the side stream, held back by a sleep: once
-            # the current stream is done, `eager` is still poison.
+            # the current stream is done, `eager` is still poison. (The side
+            # stream waits for the stream that wrote x and poisoned `eager`.)
+            main = torch.cuda.current_stream()
             with torch.cuda.stream(side):
-                side.wait_stream(torch.cuda.current_stream())
+                side.wait_stream(main)
                 torch.cuda._sleep(50_000_000)
                 u.run(x, eager)
             torch.cuda.current_stream().synchronize()
@@ -122,6 +124,7 @@ def test_unpooler_pdl_off_and_reproducible(gen):
     assert on.enable_pdl and not off.enable_pdl
     x = randn(gen, 16, k)
     first = on.run(x, poisoned(16, n)).clone()
+    check_gemm(x, w, first)  # every element written and right, so the equalities below mean something
     for _ in range(20):
         assert torch.equal(on.run(x, poisoned(16, n)).view(torch.int16), first.view(torch.int16))
     assert torch.equal(off.run(x, poisoned(16, n)).view(torch.int16), first.view(torch.int16))
@@ -140,10 +143,11 @@ def test_unpooler_from_moe_takes_the_rank_rows(gen):
     x = randn(gen, 3, k)
     got = u.run(x, poisoned(3, hidden // 2))
     want = sd.Unpooler(full[hidden // 2 :]).run(x, poisoned(3, hidden // 2))
+    check_gemm(x, full[hidden // 2 :], got)
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"does not split into tp=3 row blocks"):
         sd.Unpooler.from_moe(full, 3, 0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"rank 2 outside \[0, 2\)"):
         sd.Unpooler.from_moe(full, 2, 2)
 
 
@@ -160,17 +164,17 @@ def test_unpooler_errors_carry_the_library_reasons(gen):
     assert sd.launch_unsupported(64, 256, 3, 64, 1) is not None
     assert sd.Unpooler.unsupported(w, sd.UnpoolerShape(splits=3)) is not None
     u = sd.Unpooler(w)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"x \[17, 256\].*needs \[1\.\.16, 256\]"):
         u.run(randn(gen, 17, 256), poisoned(17, 64))  # m > 16
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"x \[2, 128\].*needs \[1\.\.16, 256\]"):
         u.run(randn(gen, 2, 128), poisoned(2, 64))  # wrong K
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"out \[3, 64\].* != \[2, 64\]"):
         u.run(randn(gen, 2, 256), poisoned(3, 64))  # out rows != m
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"x and out must be on cuda:0"):
         u.run(randn(gen, 2, 256).cpu(), poisoned(2, 64))  # host memory
     ticket = torch.zeros(1, dtype=torch.int32, device="cuda")
-    with pytest.raises(ValueError):
-        sd.Unpooler(w, ticket=ticket)  # a ticket needs a mailbox
+    with pytest.raises(ValueError, match="a ticket stage needs a mailbox"):
+        sd.Unpooler(w, ticket=ticket)
 
 
 @pytest.mark.filterwarnings("ignore:The CUDA Graph is empty")  # the refused capture, on purpose
@@ -358,7 +362,12 @@ def test_pooler_single_rank_run_equals_its_parts(gen):
             shard = pooler.project(index, x).clone()
             check_gemm(x, layer.weight, shard)
             pooler.publish(b)
-            parts = [t.clone() for t in _as_tuple(pooler.gather(index, b))]
+            gathered = _as_tuple(pooler.gather(index, b))
+            parts = [t.clone() for t in gathered]
+            # run() returns views of the scratch gather() just filled: poison
+            # it, so that the comparison below sees what run() itself wrote.
+            for t in gathered:
+                t.view(torch.uint8).fill_(0xFF)
             whole = _as_tuple(pooler.run(index, x))
             torch.cuda.synchronize()
             for got, want in zip(whole, parts):
@@ -403,18 +412,16 @@ def test_pooler_graph_replay_equals_eager(gen):
     for _ in range(3):
         x = randn(gen, 4, hidden)
         x_static.copy_(x)
+        for t in outs[0] + outs[1]:
+            t.view(torch.uint8).fill_(0xFF)  # poison: the replay must write every byte
         graph.replay()
         torch.cuda.synchronize()
-        # outs[1] (the edge layer) is scratch the NVFP4 layer does not write.
-        kept = outs[1][0].clone()
-        eager = [t.clone() for t in _as_tuple(pooler.run(0, x))]
-        eager_edge = _as_tuple(pooler.run(1, x))[0]
+        replayed = [t.clone() for t in outs[0] + outs[1]]
+        eager = [t.clone() for t in _as_tuple(pooler.run(0, x)) + _as_tuple(pooler.run(1, x))]
         torch.cuda.synchronize()
-        assert torch.equal(kept.view(torch.int16), eager_edge.view(torch.int16))
-        graph.replay()
-        torch.cuda.synchronize()
-        for got, want in zip(outs[0], eager):
+        for got, want in zip(replayed, eager):
             assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+        assert not (eager[-1].view(torch.int16) == POISON).any(), "the edge layer left poison"
     pooler.barrier()
 
 

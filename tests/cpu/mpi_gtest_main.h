@@ -30,6 +30,14 @@ int mpi_gtest_main(int argc, char** argv, const char* what, DrawSeed draw_seed, 
   int failed = RUN_ALL_TESTS() != 0;
   int any = 0;
   MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  // A run in which every rank skipped every test (e.g. fewer than two GPUs)
+  // must not read as a pass: ctest matches this line (SKIP_REGULAR_EXPRESSION)
+  // and reports the test as skipped.
+  const ::testing::UnitTest& unit = *::testing::UnitTest::GetInstance();
+  int skipped_all = unit.test_to_run_count() > 0 && unit.skipped_test_count() == unit.test_to_run_count();
+  int every = 0;
+  MPI_Allreduce(&skipped_all, &every, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (every && !any && rank == 0) std::printf("[%s] every test skipped on every rank\n", what);
   MPI_Finalize();
   return any;
 }

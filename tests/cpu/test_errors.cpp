@@ -21,14 +21,25 @@ TEST(Errors, RuntimeCheckThrowsRuntimeError) {
   EXPECT_THROW(SPARK_CHECK_RUNTIME(false, "x"), sd::RuntimeError);
 }
 
+// A call whose text differs from its error's name, so that the message's
+// two parts are checked apart.
+namespace {
+cudaError_t failing_runtime_call(int) { return cudaErrorInvalidValue; }
+}  // namespace
+
 TEST(Errors, CudaCheckNamesTheErrorAndTheCall) {
+  int line = 0;
   try {
-    CUDA_CHECK(cudaErrorInvalidValue);
+    line = __LINE__ + 1;
+    CUDA_CHECK(failing_runtime_call(7));
     FAIL() << "no throw";
   } catch (const sd::RuntimeError& e) {
     const std::string what = e.what();
-    EXPECT_NE(what.find("cudaErrorInvalidValue"), std::string::npos) << what;
-    EXPECT_NE(what.find("test_errors.cpp"), std::string::npos) << what;
+    const std::string want = "CUDA error " + std::to_string(static_cast<int>(cudaErrorInvalidValue)) +
+                             " (cudaErrorInvalidValue: " + cudaGetErrorString(cudaErrorInvalidValue) +
+                             ") in failing_runtime_call(7) at ";
+    EXPECT_EQ(what.rfind(want, 0), 0u) << what;
+    EXPECT_NE(what.find("test_errors.cpp:" + std::to_string(line)), std::string::npos) << what;
   }
 }
 

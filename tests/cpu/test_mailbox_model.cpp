@@ -276,6 +276,11 @@ TEST(MailboxProtocol, WordsAndTimeoutRecordsFollowTheSpecLayout) {
           EXPECT_EQ(mb::record_row(r), row);
         }
   EXPECT_FALSE(mb::record_valid(0));
+  // The documented bit layout (bit 31 valid, 24..27 rank, 20..21 stage,
+  // 16..19 source, 0..15 row), written out by hand: the host decodes words
+  // a trapped kernel wrote.
+  EXPECT_EQ(mb::make_timeout_record(7, 2, 5, 9), 0x80000000u | 0x07000000u | 0x00200000u | 0x00050000u | 9u);
+  EXPECT_EQ(mb::make_timeout_record(0, 0, 0, 65535), 0x8000ffffu);
   // -0.0 only becomes +0.0; the sentinel test is on raw bits, per lane.
   EXPECT_EQ(mb::publish_pair(0x80008000u), 0u);
   EXPECT_EQ(mb::publish_pair(0x80018001u), 0x80018001u);

@@ -152,6 +152,9 @@ void edge_equals_stock_but_sign_of_zero(sd::Group& group, int device, uint64_t s
   mb.synchronize(stream);
   POOLER_REQUIRE((stock.check_guards() + ours.check_guards()).empty(), "guards");
   const auto s = download<uint16_t>(stock.get(), stock.bytes() / 2), o = download<uint16_t>(ours.get(), ours.bytes() / 2);
+  // Both were poisoned: every element written (else equal poison would pass).
+  POOLER_REQUIRE(std::count(s.begin(), s.end(), kPoisonBf16) == 0 && std::count(o.begin(), o.end(), kPoisonBf16) == 0,
+                 "tp ", tp, ": an output element was not written");
   size_t zero_sign = 0;
   for (size_t i = 0; i < s.size(); ++i) {
     if (s[i] == o[i]) continue;
@@ -226,7 +229,11 @@ void gemm_publish_equals_run_plus_publish(sd::Group& group, int device, uint64_t
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   for (const auto& engine : engines) {
     const std::string what = engine ? engine->to_string() : std::string("table");
-    sd::LamportMailbox a(group, tp, rank, M, n, device), b(group, tp, rank, M, n, device);
+    // Guard bytes around both mailboxes' data and state: a fused store
+    // outside its slot would change them (checked below, and compared).
+    sd::LamportMailbox::Options guarded;
+    guarded.guard_bytes = 4096;
+    sd::LamportMailbox a(group, tp, rank, M, n, device, guarded), b(group, tp, rank, M, n, device, guarded);
     sd::PoolerGemm::Options fo, po;
     fo.force = po.force = engine;
     fo.batches = po.batches = servable(engine, n, k, order);
@@ -245,10 +252,12 @@ void gemm_publish_equals_run_plus_publish(sd::Group& group, int device, uint64_t
       out_b.download(yb.data(), yb.size() * 2);
       POOLER_REQUIRE(ya == yb, what, " m ", m, ": out differs from the plain run");
       negative_zeros += std::count(ya.begin(), ya.begin() + size_t(m) * n, sd::kBf16NegativeZero);
-      POOLER_REQUIRE(out_a.check_guards().empty(), what, " m ", m, ": out guards ", out_a.check_guards());
+      POOLER_REQUIRE(out_a.check_guards().empty() && out_b.check_guards().empty(), what, " m ", m, ": out guards ",
+                     out_a.check_guards(), out_b.check_guards());
       const auto bytes_a = download<uint8_t>(a.memory().local(), a.memory().bytes());
       const auto bytes_b = download<uint8_t>(b.memory().local(), b.memory().bytes());
       POOLER_REQUIRE(bytes_a == bytes_b, what, " m ", m, ": mailbox bytes (data, stage words or guards) differ from publish()'s");
+      check_mailbox_guards(a);
       group.barrier();  // nobody gathers (and clears) before every rank compared
       poison_bf16(rows_a);
       poison_bf16(rows_b);
@@ -259,6 +268,8 @@ void gemm_publish_equals_run_plus_publish(sd::Group& group, int device, uint64_t
       rows_a.download(ra.data(), ra.size() * 2);
       rows_b.download(rb.data(), rb.size() * 2);
       POOLER_REQUIRE(ra == rb, what, " m ", m, ": gathered rows differ");
+      POOLER_REQUIRE(rows_a.check_guards().empty() && rows_b.check_guards().empty(), what, " m ", m,
+                     ": gathered rows' guards");
       for (int r = 0; r < m; ++r)
         for (int c = 0; c < n; ++c) {
           const uint16_t y = ya[size_t(r) * n + c], got = ra[(size_t(r) * tp + rank) * n + c];

@@ -315,6 +315,7 @@ TEST(UnpoolerGpu, GraphReplayEqualsEager) {
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   for (int m : {1, 8, 9, 16}) {
     const auto eager = p.run(u, m);
+    ASSERT_EQ(std::count(eager.begin(), eager.end(), kPoisonBf16), 0) << "m=" << m << ": eager left poison";
     poison_bf16(p.out);
     CUDA_CHECK(cudaDeviceSynchronize());
     cudaGraph_t graph;

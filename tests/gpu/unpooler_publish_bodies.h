@@ -127,7 +127,12 @@ inline void zero_copy_equals_publish(Group& g, int n, int k, uint64_t seed,
                                      std::optional<UnpoolerTactic> tactic = std::nullopt) {
   const int rank = g.rank(), tp = g.size(), dev = Rank::rank_device();
   Rank r(g, n, k, seed);
-  LamportMailbox a(g, tp, rank, kMuseSpark.max_batch, n, dev), b(g, tp, rank, kMuseSpark.max_batch, n, dev);
+  // Guard bytes around both mailboxes' data and state, compared with the
+  // rest below: the zero-copy epilogue must leave them as publish() does.
+  LamportMailbox::Options guarded;
+  guarded.guard_bytes = 4096;
+  LamportMailbox a(g, tp, rank, kMuseSpark.max_batch, n, dev, guarded),
+      b(g, tp, rank, kMuseSpark.max_batch, n, dev, guarded);
   Unpooler::Options zc, po;
   zc.mailbox = &a;
   zc.tactic = po.tactic = tactic;
@@ -158,7 +163,7 @@ inline void zero_copy_equals_publish(Group& g, int n, int k, uint64_t seed,
     std::vector<uint8_t> bytes_a(a.memory().bytes()), bytes_b(b.memory().bytes());
     CUDA_CHECK(cudaMemcpy(bytes_a.data(), a.memory().local(), bytes_a.size(), cudaMemcpyDeviceToHost));
     CUDA_CHECK(cudaMemcpy(bytes_b.data(), b.memory().local(), bytes_b.size(), cudaMemcpyDeviceToHost));
-    ZC_REQUIRE(bytes_a == bytes_b, "m ", m, ": mailbox bytes (data or stage words) differ from publish()'s");
+    ZC_REQUIRE(bytes_a == bytes_b, "m ", m, ": mailbox bytes (data, stage words or guards) differ from publish()'s");
     g.barrier();  // nobody gathers (and clears) before every rank compared
     poison_bf16(r.gathered);
     poison_bf16(gathered_b);
@@ -174,14 +179,36 @@ inline void zero_copy_equals_publish(Group& g, int n, int k, uint64_t seed,
   b.barrier();
 }
 
+// A checked call of the bodies below (r.out and r.gathered poisoned before
+// it): y is the plain GEMM's product of this call's x (an Unpooler without a
+// mailbox at the table's tactic, as the zero-copy one: the same bits), and
+// the gathered rows are every rank's y. The collective (expected_rows) runs
+// before any check raises, so one rank's failure is reported instead of
+// leaving its peers waiting.
+inline void check_boundary(Group& g, Rank& r, Unpooler& plain, GuardedBuffer& plain_out, int call, int m, int n) {
+  const int rank = g.rank();  // for ZC_REQUIRE's message
+  const auto y = r.download(r.out, size_t(m) * n);
+  const auto want_rows = expected_rows(g, y, m, n);
+  poison_bf16(plain_out);
+  plain.run(r.x_for(call), plain_out.get(), m, r.stream);
+  CUDA_CHECK(cudaStreamSynchronize(r.stream));
+  ZC_REQUIRE(y == r.download(plain_out, size_t(m) * n), "call ", call, " m ", m,
+             ": y is not the product of this call's x");
+  ZC_REQUIRE(r.download(r.gathered, size_t(m) * n * g.size()) == want_rows, "call ", call, " m ", m,
+             ": gathered rows are not every rank's y");
+  ZC_REQUIRE(r.out.check_guards().empty() && r.gathered.check_guards().empty() && plain_out.check_guards().empty(),
+             "call ", call, ": guards");
+}
+
 // Boundary after boundary: zero-copy run, gather, ..., `calls` times with m
 // drawn per call (the same on every rank); checked every `check_every` calls.
 inline void consecutive_boundaries(Group& g, int n, int k, int calls, int check_every, uint64_t seed) {
-  const int rank = g.rank(), tp = g.size();
   ZeroCopyRank z(g, n, k, seed);
   Rank& r = z.r;
   LamportMailbox& mb = z.mb;
   Unpooler& u = z.u;
+  Unpooler plain(r.weight());
+  GuardedBuffer plain_out(size_t(kMuseSpark.max_batch) * n * 2);
   std::mt19937_64 draw(seed);
   std::uniform_int_distribution<int> pick(1, kMuseSpark.max_batch);
   for (int call = 0; call < calls; ++call) {
@@ -189,15 +216,14 @@ inline void consecutive_boundaries(Group& g, int n, int k, int calls, int check_
     const bool check = call % check_every == check_every - 1 || call == calls - 1;
     if (check) {
       mb.synchronize(r.stream);  // no earlier call still writes what we poison
+      poison_bf16(r.out);
       poison_bf16(r.gathered);
     }
     u.run(r.x_for(call), r.out.get(), m, r.stream);
     mb.gather(r.gathered.get(), m, r.stream);
     if (!check) continue;
     mb.synchronize(r.stream);
-    const auto y = r.download(r.out, size_t(m) * n);
-    ZC_REQUIRE(r.download(r.gathered, size_t(m) * n * tp) == expected_rows(g, y, m, n), "call ", call,
-               " m ", m, ": gathered rows are not every rank's y");
+    check_boundary(g, r, plain, plain_out, call, m, n);
   }
   mb.barrier();
 }
@@ -225,6 +251,8 @@ inline void ticket_mode(Group& g, int n, int k, int calls, int check_every, uint
   o.mailbox = &mb;
   o.ticket = TensorRef::contiguous(ticket.get(), DType::i32, {1}, dev);
   Unpooler u(r.weight(), o);
+  Unpooler plain(r.weight());
+  GuardedBuffer plain_out(size_t(kMuseSpark.max_batch) * n * 2);
   std::mt19937_64 draw(seed);
   std::uniform_int_distribution<int> pick(1, kMuseSpark.max_batch);
   int32_t* const active = mb.stage_state() + 1;
@@ -234,6 +262,7 @@ inline void ticket_mode(Group& g, int n, int k, int calls, int check_every, uint
     const int32_t marker = 0x5a5a0000 | call;
     if (check) {
       mb.synchronize(r.stream);  // no earlier call still writes what we poison
+      poison_bf16(r.out);
       poison_bf16(r.gathered);
       CUDA_CHECK(cudaMemcpyAsync(active, &marker, 4, cudaMemcpyHostToDevice, r.stream));
     }
@@ -251,9 +280,7 @@ inline void ticket_mode(Group& g, int n, int k, int calls, int check_every, uint
     CUDA_CHECK(cudaGetLastError());
     if (!check) continue;
     mb.synchronize(r.stream);
-    const auto y = r.download(r.out, size_t(m) * n);
-    ZC_REQUIRE(r.download(r.gathered, size_t(m) * n * tp) == expected_rows(g, y, m, n), "call ", call,
-               " m ", m, ": gathered rows are not every rank's y");
+    check_boundary(g, r, plain, plain_out, call, m, n);
     ZC_REQUIRE(ticket.check_guards().empty(), "the ticket's guards changed");
   }
   mb.barrier();

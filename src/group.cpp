@@ -116,4 +116,15 @@ std::vector<uint8_t> InProcessGroup::all_gather(const void* data, size_t bytes) 
 
 void InProcessGroup::barrier() { shared_->arrive_and_wait(rank_, "barrier"); }
 
+void all_ok_or_throw(Group& group, std::exception_ptr local, const char* what) {
+  const uint8_t ok = local ? 0 : 1;
+  const std::vector<uint8_t> all = group.all_gather(&ok, 1);
+  if (local) std::rethrow_exception(local);
+  std::string failed;
+  for (size_t q = 0; q < all.size(); ++q)
+    if (!all[q]) failed += (failed.empty() ? "" : ", ") + std::to_string(q);
+  SPARK_CHECK_RUNTIME(failed.empty(), what, ": rank(s) ", failed,
+                      " failed (their own errors say why); no rank goes on");
+}
+
 }  // namespace spark_decode

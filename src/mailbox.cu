@@ -25,17 +25,40 @@ void check_threads(int threads, const char* what) {
 LamportMailbox::LamportMailbox(Group& group, int tp, int rank, int capacity, int width, int device,
                                Options options)
     : tp_(tp), rank_(rank), capacity_(capacity), width_(width), device_(device), group_(&group) {
-  SPARK_CHECK(tp >= 1 && tp <= kMailboxMaxRanks, "mailbox: tp ", tp, " outside 1..",
-              kMailboxMaxRanks);
-  SPARK_CHECK(tp == group.size(), "mailbox: tp ", tp, " != group size ", group.size());
-  SPARK_CHECK(rank == group.rank(), "mailbox: rank ", rank, " != group rank ", group.rank());
-  SPARK_CHECK(capacity >= 1 && capacity <= mailbox::kMaxRows, "mailbox: capacity ", capacity,
-              " outside 1..", mailbox::kMaxRows);
-  SPARK_CHECK(width > 0 && width % mailbox::kVecElems == 0, "mailbox: width ", width,
-              " must be a positive multiple of ", mailbox::kVecElems, " (16-byte rows)");
-  SPARK_CHECK(options.spin_timeout_s > 0 && options.spin_timeout_s < 3600.0,
-              "mailbox: spin timeout ", options.spin_timeout_s, " s outside (0, 3600)");
-  detail::require_sm90(device, "the Lamport mailbox");
+  // This rank's arguments and GPU, agreed on before anything collective:
+  // a rank that refuses alone must not leave its peers in the exchange.
+  std::exception_ptr refused;
+  try {
+    SPARK_CHECK(tp >= 1 && tp <= kMailboxMaxRanks, "mailbox: tp ", tp, " outside 1..", kMailboxMaxRanks);
+    SPARK_CHECK(tp == group.size(), "mailbox: tp ", tp, " != group size ", group.size());
+    SPARK_CHECK(rank == group.rank(), "mailbox: rank ", rank, " != group rank ", group.rank());
+    SPARK_CHECK(capacity >= 1 && capacity <= mailbox::kMaxRows, "mailbox: capacity ", capacity,
+                " outside 1..", mailbox::kMaxRows);
+    SPARK_CHECK(width > 0 && width % mailbox::kVecElems == 0, "mailbox: width ", width,
+                " must be a positive multiple of ", mailbox::kVecElems, " (16-byte rows)");
+    SPARK_CHECK(options.spin_timeout_s > 0 && options.spin_timeout_s < 3600.0,
+                "mailbox: spin timeout ", options.spin_timeout_s, " s outside (0, 3600)");
+    detail::require_sm90(device, "the Lamport mailbox");
+  } catch (...) {
+    refused = std::current_exception();
+  }
+  all_ok_or_throw(group, refused, "mailbox: construction");
+  // Every rank must build the same layout: equal allocation sizes alone
+  // would let capacity 16 x width 1024 pair with 32 x 512, and the rows
+  // would land in the wrong places.
+  struct Shape {
+    int32_t capacity, width;
+    uint64_t guard_bytes;
+  } const mine{capacity, width, options.guard_bytes};
+  const std::vector<uint8_t> shapes = group.all_gather(&mine, sizeof mine);
+  for (int q = 0; q < tp; ++q) {
+    Shape s;
+    std::memcpy(&s, shapes.data() + q * sizeof s, sizeof s);
+    SPARK_CHECK(s.capacity == capacity && s.width == width && s.guard_bytes == options.guard_bytes,
+                "mailbox: rank ", q, " builds capacity ", s.capacity, ", width ", s.width, ", guard bytes ",
+                s.guard_bytes, " where rank ", rank, " builds ", capacity, ", ", width, ", ",
+                options.guard_bytes, "; every rank must build the same mailbox");
+  }
   spin_timeout_ns_ = static_cast<uint64_t>(options.spin_timeout_s * 1e9);
   detail::DeviceGuard guard(device);
 
@@ -45,7 +68,8 @@ LamportMailbox::LamportMailbox(Group& group, int tp, int rank, int capacity, int
   state_offset_ = data_offset_ + round_up(data_bytes, kAlign);
   const size_t total = state_offset_ + kAlign + options.guard_bytes;
 
-  memory_ = std::make_unique<SymmetricMemory>(group, device, total);
+  memory_ = std::make_unique<SymmetricMemory>(group, device, total);  // collective; agrees on failure
+  std::exception_ptr failed;
   try {
     char* base = static_cast<char*>(memory_->local());
     CUDA_CHECK(cudaMemset(base, kMailboxGuardByte, total));
@@ -66,8 +90,14 @@ LamportMailbox::LamportMailbox(Group& group, int tp, int rank, int capacity, int
     CUDA_CHECK(cudaFuncGetAttributes(&attrs, kernels::mailbox_publish_kernel<true>));
     CUDA_CHECK(cudaFuncGetAttributes(&attrs, kernels::mailbox_gather_kernel));
     CUDA_CHECK(cudaDeviceSynchronize());
-    // No peer publishes into a copy before its owner has filled it.
-    group.barrier();
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  try {
+    // Also the barrier the protocol needs: no peer publishes into a copy
+    // before its owner has filled it (an all-gather returns only once every
+    // rank has entered it).
+    all_ok_or_throw(group, failed, "mailbox: initialisation");
   } catch (...) {
     if (record_host_) cudaFreeHost(record_host_);
     record_host_ = nullptr;

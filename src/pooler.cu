@@ -75,44 +75,53 @@ Pooler::Pooler(Group& group, int tp, int rank, int device, std::vector<PoolerLay
                std::vector<int> batches, int capacity, bool enable_pdl, Options options)
     : group_(&group), tp_(tp), rank_(rank), device_(device), capacity_(capacity), enable_pdl_(enable_pdl),
       layers_(std::move(layers)) {
-  SPARK_CHECK(!batches.empty(), "batches must lie in [1, ", capacity, "]");
-  const auto [lo, hi] = std::minmax_element(batches.begin(), batches.end());
-  SPARK_CHECK(1 <= *lo && *hi <= capacity && *hi <= kPoolerMaxBatch, "batches must lie in [1, ",
-              std::min(capacity, kPoolerMaxBatch), "]");
-  SPARK_CHECK(std::find(std::begin(kTensorParallelSizes), std::end(kTensorParallelSizes), tp) !=
-                  std::end(kTensorParallelSizes),
-              "no pooler GEMM shape for TP", tp);
-  SPARK_CHECK(!layers_.empty(), "the pooler needs at least one layer");
-  hidden_ = layers_[0].weight.ndim == 2 ? static_cast<int>(layers_[0].weight.shape[1]) : 0;
-  pooled_ = layers_[0].norm_weight.ndim == 1 ? static_cast<int>(layers_[0].norm_weight.shape[0]) : 0;
-  SPARK_CHECK(pooled_ > 0 && pooled_ % tp == 0 && (pooled_ / tp) % kNvfp4Block == 0, "pooler: P = ", pooled_,
-              " (the norm weight's length) must split into tp = ", tp, " blocks of a multiple of ", kNvfp4Block,
-              " columns");
-  if (auto reason = ExpertNorm::cols_unsupported(pooled_)) throw InvalidArgument("pooler: " + *reason);
-  const int shard = pooled_ / tp;
-  for (const auto& layer : layers_) {
-    const TensorRef& w = layer.weight;
-    SPARK_CHECK(w.ndim == 2 && w.shape[0] == shard && w.shape[1] == hidden_ && w.dtype == DType::bf16 &&
-                    w.is_contiguous() && w.is_aligned(16) && w.device == device,
-                "layer weights must be contiguous [", shard, ", ", hidden_, "] (BF16, 16-byte aligned, on cuda:",
-                device, "; got ", w.describe(), ")");
-    const TensorRef& nw = layer.norm_weight;
-    SPARK_CHECK(nw.ndim == 1 && nw.shape[0] == pooled_ && nw.dtype == DType::bf16 && nw.is_contiguous() &&
-                    nw.is_aligned(16) && nw.device == device,
-                "pre_expert_norm must apply a [P] BF16 weight after the norm (need contiguous 16-byte aligned [",
-                pooled_, "] BF16 on cuda:", device, ", got ", nw.describe(), ")");
-    SPARK_CHECK(layer.eps >= 0.0f, "pre_expert_norm eps ", layer.eps, " must be >= 0");
-    if (layer.global_scale) {
-      const TensorRef& gs = *layer.global_scale;
-      SPARK_CHECK(gs.numel() == 1 && gs.dtype == DType::f32 && gs.is_aligned(4) && gs.device == device,
-                  "the NVFP4 input global scale must be one FP32 value (4-byte aligned, on cuda:", device,
-                  "; got ", gs.describe(), ")");
+  // This rank's arguments, agreed on before the mailbox's collective
+  // construction: a rank that refuses alone must not leave its peers there.
+  std::exception_ptr failed;
+  try {
+    SPARK_CHECK(!batches.empty(), "batches must lie in [1, ", capacity, "]");
+    const auto [lo, hi] = std::minmax_element(batches.begin(), batches.end());
+    SPARK_CHECK(1 <= *lo && *hi <= capacity && *hi <= kPoolerMaxBatch, "batches must lie in [1, ",
+                std::min(capacity, kPoolerMaxBatch), "]");
+    SPARK_CHECK(std::find(std::begin(kTensorParallelSizes), std::end(kTensorParallelSizes), tp) !=
+                    std::end(kTensorParallelSizes),
+                "no pooler GEMM shape for TP", tp);
+    SPARK_CHECK(!layers_.empty(), "the pooler needs at least one layer");
+    hidden_ = layers_[0].weight.ndim == 2 ? static_cast<int>(layers_[0].weight.shape[1]) : 0;
+    pooled_ = layers_[0].norm_weight.ndim == 1 ? static_cast<int>(layers_[0].norm_weight.shape[0]) : 0;
+    SPARK_CHECK(pooled_ > 0 && pooled_ % tp == 0 && (pooled_ / tp) % kNvfp4Block == 0, "pooler: P = ", pooled_,
+                " (the norm weight's length) must split into tp = ", tp, " blocks of a multiple of ", kNvfp4Block,
+                " columns");
+    if (auto reason = ExpertNorm::cols_unsupported(pooled_)) throw InvalidArgument("pooler: " + *reason);
+    const int shard = pooled_ / tp;
+    for (const auto& layer : layers_) {
+      const TensorRef& w = layer.weight;
+      SPARK_CHECK(w.ndim == 2 && w.shape[0] == shard && w.shape[1] == hidden_ && w.dtype == DType::bf16 &&
+                      w.is_contiguous() && w.is_aligned(16) && w.device == device,
+                  "layer weights must be contiguous [", shard, ", ", hidden_, "] (BF16, 16-byte aligned, on cuda:",
+                  device, "; got ", w.describe(), ")");
+      const TensorRef& nw = layer.norm_weight;
+      SPARK_CHECK(nw.ndim == 1 && nw.shape[0] == pooled_ && nw.dtype == DType::bf16 && nw.is_contiguous() &&
+                      nw.is_aligned(16) && nw.device == device,
+                  "pre_expert_norm must apply a [P] BF16 weight after the norm (need contiguous 16-byte aligned [",
+                  pooled_, "] BF16 on cuda:", device, ", got ", nw.describe(), ")");
+      SPARK_CHECK(layer.eps >= 0.0f, "pre_expert_norm eps ", layer.eps, " must be >= 0");
+      if (layer.global_scale) {
+        const TensorRef& gs = *layer.global_scale;
+        SPARK_CHECK(gs.numel() == 1 && gs.dtype == DType::f32 && gs.is_aligned(4) && gs.device == device,
+                    "the NVFP4 input global scale must be one FP32 value (4-byte aligned, on cuda:", device,
+                    "; got ", gs.describe(), ")");
+      }
     }
+    std::set<int> unique(batches.begin(), batches.end());
+    batches_.assign(unique.begin(), unique.end());
+    detail::require_sm90(device, "the pooler");
+  } catch (...) {
+    failed = std::current_exception();
   }
-  std::set<int> unique(batches.begin(), batches.end());
-  batches_.assign(unique.begin(), unique.end());
-  detail::require_sm90(device, "the pooler");
+  all_ok_or_throw(group, failed, "pooler: construction");
   detail::DeviceGuard guard(device);
+  const int shard = pooled_ / tp;
 
   LamportMailbox::Options mo;
   mo.spin_timeout_s = options.spin_timeout_s;
@@ -120,40 +129,49 @@ Pooler::Pooler(Group& group, int tp, int rank, int device, std::vector<PoolerLay
   // Collective: returns once every rank's copy is initialised.
   mailbox_ = std::make_unique<LamportMailbox>(group, tp, rank, capacity, shard, device, mo);
 
-  PoolerGemm::Options go;
-  go.enable_pdl = enable_pdl;
-  go.batches = batches_;
-  go.force = options.gemm;
-  go.mailbox = mailbox_.get();  // run() publishes from the GEMM's epilogue
-  gemms_.reserve(layers_.size());
-  for (const auto& layer : layers_) gemms_.emplace_back(layer.weight, tp, go);
-  for (const auto& layer : layers_)
-    edge_norms_.push_back(layer.global_scale ? nullptr
-                                             : std::make_unique<ExpertNorm>(layer.norm_weight, layer.eps,
-                                                                            layer.gain_center, enable_pdl));
-  cudaFuncAttributes attrs;
-  CUDA_CHECK(cudaFuncGetAttributes(&attrs, kernels::norm_quant_gather_kernel));  // loaded now, not under capture
+  // The rest is per rank (kernels, scratch) and may fail on one rank alone
+  // (out of memory): agreed on too, so that no peer waits in warm_up.
+  try {
+    PoolerGemm::Options go;
+    go.enable_pdl = enable_pdl;
+    go.batches = batches_;
+    go.force = options.gemm;
+    go.mailbox = mailbox_.get();  // run() publishes from the GEMM's epilogue
+    gemms_.reserve(layers_.size());
+    for (const auto& layer : layers_) gemms_.emplace_back(layer.weight, tp, go);
+    for (const auto& layer : layers_)
+      edge_norms_.push_back(layer.global_scale ? nullptr
+                                               : std::make_unique<ExpertNorm>(layer.norm_weight, layer.eps,
+                                                                              layer.gain_center, enable_pdl));
+    cudaFuncAttributes attrs;
+    CUDA_CHECK(cudaFuncGetAttributes(&attrs, kernels::norm_quant_gather_kernel));  // loaded now, not under capture
 
-  // Scratch, 256-byte aligned pieces of one allocation.
-  const size_t shard_bytes = round_up(size_t(capacity) * shard * 2, 256);
-  const size_t packed_bytes = round_up(size_t(capacity) * pooled_ / 2, 256);
-  const size_t scales_bytes = round_up(size_t(capacity) * pooled_ / kNvfp4Block, 256);
-  const size_t rows_bytes = round_up(size_t(capacity) * pooled_ * 2, 256);
-  CUDA_CHECK(cudaMalloc(&scratch_, shard_bytes + packed_bytes + scales_bytes + 2 * rows_bytes));
-  char* p = static_cast<char*>(scratch_);
-  shard_ = p;
-  packed_ = p + shard_bytes;
-  scales_ = p + shard_bytes + packed_bytes;
-  rows_ = p + shard_bytes + packed_bytes + scales_bytes;
-  normed_ = p + shard_bytes + packed_bytes + scales_bytes + rows_bytes;
-  // A constructor that throws runs no destructor: free the scratch here.
-  cudaError_t err = cudaMemset(scratch_, 0, shard_bytes + packed_bytes + scales_bytes + 2 * rows_bytes);
-  if (err == cudaSuccess) err = cudaDeviceSynchronize();
-  if (err != cudaSuccess) {
-    cudaFree(scratch_);
-    scratch_ = nullptr;
+    // Scratch, 256-byte aligned pieces of one allocation.
+    const size_t shard_bytes = round_up(size_t(capacity) * shard * 2, 256);
+    const size_t packed_bytes = round_up(size_t(capacity) * pooled_ / 2, 256);
+    const size_t scales_bytes = round_up(size_t(capacity) * pooled_ / kNvfp4Block, 256);
+    const size_t rows_bytes = round_up(size_t(capacity) * pooled_ * 2, 256);
+    const size_t scratch_bytes = shard_bytes + packed_bytes + scales_bytes + 2 * rows_bytes;
+    CUDA_CHECK(cudaMalloc(&scratch_, scratch_bytes));
+    char* p = static_cast<char*>(scratch_);
+    shard_ = p;
+    packed_ = p + shard_bytes;
+    scales_ = p + shard_bytes + packed_bytes;
+    rows_ = p + shard_bytes + packed_bytes + scales_bytes;
+    normed_ = p + shard_bytes + packed_bytes + scales_bytes + rows_bytes;
+    CUDA_CHECK(cudaMemset(scratch_, 0, scratch_bytes));
+    CUDA_CHECK(cudaDeviceSynchronize());
+  } catch (...) {
+    failed = std::current_exception();
   }
-  CUDA_CHECK(err);
+  try {
+    all_ok_or_throw(group, failed, "pooler: preparation");
+  } catch (...) {
+    // A constructor that throws runs no destructor: free the scratch here.
+    if (scratch_) cudaFree(scratch_);
+    scratch_ = nullptr;
+    throw;
+  }
 }
 
 Pooler::~Pooler() {

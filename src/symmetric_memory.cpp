@@ -40,25 +40,78 @@ std::string describe(int rank, const PeerRecord& r) {
                         ", pid ", r.pid, ")");
 }
 
+// Maps every peer's buffer into this rank's address space: peers[q], and
+// whether it came through CUDA IPC (closed at release).
+void map_peers(int rank, int device, const std::vector<PeerRecord>& records, const PeerRecord& mine,
+               std::vector<void*>& peers, std::vector<bool>& ipc_opened) {
+  for (int q = 0; q < static_cast<int>(records.size()); ++q) {
+    if (q == rank) continue;
+    const PeerRecord& r = records[q];
+    SPARK_CHECK_RUNTIME(std::strncmp(r.host, mine.host, sizeof mine.host) == 0,
+                        "symmetric memory: ", describe(q, r), " and ", describe(rank, mine),
+                        " are on different hosts; peer-to-peer memory needs one host");
+    const bool same_process = r.pid == mine.pid && r.process_nonce == mine.process_nonce;
+    // The peer's GPU as this process numbers it, where it can see it.
+    int peer_device = -1;
+    if (same_process) {
+      peer_device = r.device;
+    } else if (cudaDeviceGetByPCIBusId(&peer_device, r.bus_id) != cudaSuccess) {
+      (void)cudaGetLastError();
+      peer_device = -1;
+    }
+    if (peer_device >= 0 && peer_device != device) {
+      int can = 0;
+      CUDA_CHECK(cudaDeviceCanAccessPeer(&can, device, peer_device));
+      SPARK_CHECK_RUNTIME(can, "symmetric memory: ", describe(rank, mine), " cannot access ",
+                          describe(q, r), " peer-to-peer (cudaDeviceCanAccessPeer(", device,
+                          ", ", peer_device, ") = 0)");
+    }
+    if (same_process) {
+      if (peer_device != device) {
+        const cudaError_t err = cudaDeviceEnablePeerAccess(peer_device, 0);
+        if (err == cudaErrorPeerAccessAlreadyEnabled)
+          (void)cudaGetLastError();
+        else
+          CUDA_CHECK(err);
+      }
+      peers[q] = reinterpret_cast<void*>(r.ptr);
+    } else {
+      SPARK_CHECK_RUNTIME(r.ipc_ok, "symmetric memory: ", describe(q, r),
+                          " could not export a CUDA IPC handle for ", describe(rank, mine));
+      void* mapped = nullptr;
+      const cudaError_t err = cudaIpcOpenMemHandle(&mapped, r.handle, cudaIpcMemLazyEnablePeerAccess);
+      if (err != cudaSuccess) (void)cudaGetLastError();
+      SPARK_CHECK_RUNTIME(err == cudaSuccess, "symmetric memory: ", describe(rank, mine),
+                          " cannot map the buffer of ", describe(q, r), " (cudaIpcOpenMemHandle: ",
+                          cudaGetErrorName(err), ": ", cudaGetErrorString(err), ")");
+      peers[q] = mapped;
+      ipc_opened[q] = true;
+    }
+  }
+}
+
 }  // namespace
 
 SymmetricMemory::SymmetricMemory(Group& group, int device, size_t bytes)
     : rank_(group.rank()), device_(device), bytes_(bytes) {
   const int n = group.size();
-  SPARK_CHECK(bytes > 0, "symmetric memory: bytes must be positive");
-  int count = 0;
-  CUDA_CHECK(cudaGetDeviceCount(&count));
-  SPARK_CHECK(device >= 0 && device < count, "symmetric memory: device ", device,
-              " does not exist (", count, " visible)");
-  detail::DeviceGuard guard(device);
-
-  void* local = nullptr;
-  CUDA_CHECK(cudaMalloc(&local, bytes));
   peers_.assign(n, nullptr);
   ipc_opened_.assign(n, false);
-  peers_[rank_] = local;
+  // Each step a rank can fail alone (its arguments, its allocation, its
+  // mappings) ends in all_ok_or_throw: a rank that fails must not leave the
+  // others waiting in the exchange or in the caller's next collective.
+  PeerRecord mine{};
+  std::exception_ptr failed;
   try {
-    PeerRecord mine{};
+    SPARK_CHECK(bytes > 0, "symmetric memory: bytes must be positive");
+    int count = 0;
+    CUDA_CHECK(cudaGetDeviceCount(&count));
+    SPARK_CHECK(device >= 0 && device < count, "symmetric memory: device ", device,
+                " does not exist (", count, " visible)");
+    detail::DeviceGuard guard(device);
+    void* local = nullptr;
+    CUDA_CHECK(cudaMalloc(&local, bytes));
+    peers_[rank_] = local;
     gethostname(mine.host, sizeof mine.host - 1);
     mine.pid = static_cast<uint64_t>(getpid());
     mine.process_nonce = process_nonce();
@@ -69,61 +122,25 @@ SymmetricMemory::SymmetricMemory(Group& group, int device, size_t bytes)
     // A device without IPC support is fine as long as no peer needs it.
     mine.ipc_ok = cudaIpcGetMemHandle(&mine.handle, local) == cudaSuccess;
     if (!mine.ipc_ok) (void)cudaGetLastError();
-
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  try {
+    all_ok_or_throw(group, failed, "symmetric memory: allocation");
+    detail::DeviceGuard guard(device);
     const std::vector<uint8_t> all = group.all_gather(&mine, sizeof mine);
     std::vector<PeerRecord> records(n);
     std::memcpy(records.data(), all.data(), sizeof(PeerRecord) * n);
-    for (int q = 0; q < n; ++q)
+    for (int q = 0; q < n; ++q)  // every rank sees the same records: all throw, or none
       SPARK_CHECK(records[q].bytes == bytes, "symmetric memory: rank ", q, " allocates ",
                   records[q].bytes, " bytes, rank ", rank_, " ", bytes,
                   "; every rank must pass the same size");
-
-    for (int q = 0; q < n; ++q) {
-      if (q == rank_) continue;
-      const PeerRecord& r = records[q];
-      SPARK_CHECK_RUNTIME(std::strncmp(r.host, mine.host, sizeof mine.host) == 0,
-                          "symmetric memory: ", describe(q, r), " and ", describe(rank_, mine),
-                          " are on different hosts; peer-to-peer memory needs one host");
-      const bool same_process = r.pid == mine.pid && r.process_nonce == mine.process_nonce;
-      // The peer's GPU as this process numbers it, where it can see it.
-      int peer_device = -1;
-      if (same_process) {
-        peer_device = r.device;
-      } else if (cudaDeviceGetByPCIBusId(&peer_device, r.bus_id) != cudaSuccess) {
-        (void)cudaGetLastError();
-        peer_device = -1;
-      }
-      if (peer_device >= 0 && peer_device != device) {
-        int can = 0;
-        CUDA_CHECK(cudaDeviceCanAccessPeer(&can, device, peer_device));
-        SPARK_CHECK_RUNTIME(can, "symmetric memory: ", describe(rank_, mine), " cannot access ",
-                            describe(q, r), " peer-to-peer (cudaDeviceCanAccessPeer(", device,
-                            ", ", peer_device, ") = 0)");
-      }
-      if (same_process) {
-        if (peer_device != device) {
-          const cudaError_t err = cudaDeviceEnablePeerAccess(peer_device, 0);
-          if (err == cudaErrorPeerAccessAlreadyEnabled)
-            (void)cudaGetLastError();
-          else
-            CUDA_CHECK(err);
-        }
-        peers_[q] = reinterpret_cast<void*>(r.ptr);
-      } else {
-        SPARK_CHECK_RUNTIME(r.ipc_ok, "symmetric memory: ", describe(q, r),
-                            " could not export a CUDA IPC handle for ", describe(rank_, mine));
-        void* mapped = nullptr;
-        const cudaError_t err =
-            cudaIpcOpenMemHandle(&mapped, r.handle, cudaIpcMemLazyEnablePeerAccess);
-        if (err != cudaSuccess) (void)cudaGetLastError();
-        SPARK_CHECK_RUNTIME(err == cudaSuccess, "symmetric memory: ", describe(rank_, mine),
-                            " cannot map the buffer of ", describe(q, r),
-                            " (cudaIpcOpenMemHandle: ", cudaGetErrorName(err), ": ",
-                            cudaGetErrorString(err), ")");
-        peers_[q] = mapped;
-        ipc_opened_[q] = true;
-      }
+    try {
+      map_peers(rank_, device_, records, mine, peers_, ipc_opened_);
+    } catch (...) {
+      failed = std::current_exception();
     }
+    all_ok_or_throw(group, failed, "symmetric memory: peer mapping");
   } catch (...) {
     release();
     throw;

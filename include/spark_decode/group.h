@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <vector>
 
@@ -33,6 +34,16 @@ class Group {
   // Returns once every rank has entered it.
   virtual void barrier() = 0;
 };
+
+// Makes one rank's failure in a collective step every rank's. Each rank
+// passes what its own part of the step threw (nullptr if it succeeded);
+// after one all-gather of a status byte, a rank that failed rethrows its
+// own exception and every other rank throws RuntimeError naming `what` and
+// the ranks that failed. Without it, a rank that throws alone (out of
+// memory on its GPU, a peer it cannot map, an argument only it got wrong)
+// leaves its peers blocked in the next collective until the transport's
+// timeout, or forever. Collective: every rank calls it at the same point.
+void all_ok_or_throw(Group& group, std::exception_ptr local, const char* what);
 
 // Ranks as threads of one process. Create one Shared for `size` ranks, hand
 // it to every thread, and let thread r build InProcessGroup(shared, r).

@@ -123,6 +123,46 @@ TEST(InProcessGroup, MissingRankTimesOutNamingIt) {
   EXPECT_THROW(late.barrier(), sd::RuntimeError);
 }
 
+// One rank's failure in a collective step becomes every rank's: the rank
+// that failed rethrows its own exception (type and text), the others throw
+// RuntimeError naming it; and a step where all succeed throws nowhere, with
+// the group still usable after a failed one.
+TEST(AllOkOrThrow, OneRanksFailureIsEveryRanks) {
+  for (int size : {1, 3}) {
+    auto shared = sd::InProcessGroup::make_shared(size, std::chrono::seconds(30));
+    std::mutex mu;
+    std::vector<std::string> seen(size);
+    const auto failures = run_ranks(size, [&](int r) {
+      sd::InProcessGroup group(shared, r);
+      sd::all_ok_or_throw(group, nullptr, "step 0");  // nobody failed
+      const int failing = size - 1;
+      std::exception_ptr mine;
+      if (r == failing) mine = std::make_exception_ptr(sd::InvalidArgument("rank-local reason"));
+      try {
+        sd::all_ok_or_throw(group, mine, "step 1");
+        std::lock_guard<std::mutex> lock(mu);
+        seen[r] = "no throw";
+      } catch (const sd::InvalidArgument& e) {
+        std::lock_guard<std::mutex> lock(mu);
+        seen[r] = std::string("InvalidArgument: ") + e.what();
+      } catch (const sd::RuntimeError& e) {
+        std::lock_guard<std::mutex> lock(mu);
+        seen[r] = std::string("RuntimeError: ") + e.what();
+      }
+      group.barrier();  // still usable
+    });
+    EXPECT_TRUE(failures.empty()) << failures.front();
+    for (int r = 0; r < size; ++r) {
+      if (r == size - 1)
+        EXPECT_EQ(seen[r], "InvalidArgument: rank-local reason") << "size " << size;
+      else
+        EXPECT_EQ(seen[r], "RuntimeError: step 1: rank(s) " + std::to_string(size - 1) +
+                               " failed (their own errors say why); no rank goes on")
+            << "size " << size << " rank " << r;
+    }
+  }
+}
+
 TEST(InProcessGroup, RefusesBadConstruction) {
   EXPECT_THROW(sd::InProcessGroup::make_shared(0), sd::InvalidArgument);
   auto shared = sd::InProcessGroup::make_shared(2);

@@ -75,6 +75,43 @@ TEST(Mailbox, RefusesBadArgumentsBeforeLaunching) {
   for (const auto& f : failures) ADD_FAILURE() << f;
 }
 
+// Construction is collective, and so is its failure: a rank that refuses
+// its own arguments, or ranks that disagree on the layout, end every rank's
+// construction with an error instead of leaving the others in the exchange.
+// Two ranks on one GPU (threads; nothing here runs a kernel across them).
+TEST(Mailbox, OneRanksRefusalFailsEveryRank) {
+  SKIP_WITHOUT_GPU(1);
+  std::mutex mu;
+  std::vector<std::string> seen(4);
+  const auto failures = run_on_gpus(
+      2,
+      [&](sd::Group& g, int d) {
+        const int r = g.rank();
+        auto attempt = [&](int slot, int capacity, int width) {
+          std::string what = "built";
+          try {
+            sd::LamportMailbox mb(g, 2, r, capacity, width, d);
+          } catch (const sd::InvalidArgument& e) {
+            what = std::string("InvalidArgument: ") + e.what();
+          } catch (const sd::RuntimeError& e) {
+            what = std::string("RuntimeError: ") + e.what();
+          }
+          std::lock_guard<std::mutex> lock(mu);
+          seen[slot + r] = what;
+        };
+        attempt(0, 16, r == 1 ? 60 : 64);           // rank 1's width is no multiple of 8
+        attempt(2, r == 0 ? 16 : 32, r == 0 ? 1024 : 512);  // the same bytes, another layout
+        sd::LamportMailbox fine(g, 2, r, 4, 64, d);  // the group still works
+        fine.barrier();
+      },
+      1);
+  for (const auto& f : failures) ADD_FAILURE() << f;
+  EXPECT_NE(seen[0].find("RuntimeError: mailbox: construction: rank(s) 1 failed"), std::string::npos) << seen[0];
+  EXPECT_NE(seen[1].find("InvalidArgument: mailbox: width 60"), std::string::npos) << seen[1];
+  for (int slot : {2, 3})
+    EXPECT_NE(seen[slot].find("every rank must build the same mailbox"), std::string::npos) << seen[slot];
+}
+
 TEST(Mailbox, PayloadsArriveBitForBitOnTwoGpus) {
   SKIP_WITHOUT_TWO_PEER_GPUS();
   const uint64_t seed = test_seed("mailbox payloads");

@@ -33,10 +33,9 @@ class LamportMailbox:
         device: torch.device | int | str,
         spin_timeout_s: float = 5.0,
     ) -> None:
-        self.group = as_group(group)
-        self._init(
-            _C.LamportMailbox(self.group, tp, rank, capacity, width, device_index(device), spin_timeout_s)
-        )
+        index = device_index(device)
+        self.group = as_group(group, index)
+        self._init(_C.LamportMailbox(self.group, tp, rank, capacity, width, index, spin_timeout_s))
 
     def _init(self, impl: _C.LamportMailbox) -> None:
         self._impl = impl

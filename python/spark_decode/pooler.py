@@ -102,13 +102,14 @@ class Pooler:
         enable_pdl: bool = True,
         spin_timeout_s: float = 5.0,
     ) -> None:
-        self.group = as_group(group)
+        index = device_index(device)
+        self.group = as_group(group, index)
         self.layers = tuple(layers)
         self._impl = _C.Pooler(
             self.group,
             tp,
             rank,
-            device_index(device),
+            index,
             [
                 (
                     describe(layer.weight, f"layer {i} weight"),

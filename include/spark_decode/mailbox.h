@@ -95,9 +95,13 @@ class LamportMailbox {
   // Collective over `group`: every rank constructs its mailbox with the same
   // tp, capacity, width and options. Returns after every rank's copy is
   // initialised (a group barrier), so no peer can publish into a copy
-  // before its owner has filled it with the sentinel. Allocates device
-  // memory (peer-mapped) and a pinned host word for timeout reports, and
-  // synchronises the device: not under CUDA graph capture.
+  // before its owner has filled it with the sentinel. Fails on every rank
+  // when any rank fails (its arguments, its allocation, a peer mapping, or
+  // a capacity / width / guard_bytes that differs from another rank's): the
+  // failing rank throws its own reason, the others RuntimeError naming it.
+  // Allocates device memory (peer-mapped) and a pinned host word for
+  // timeout reports, and synchronises the device: not under CUDA graph
+  // capture.
   LamportMailbox(Group& group, int tp, int rank, int capacity, int width, int device,
                  Options options);
   LamportMailbox(Group& group, int tp, int rank, int capacity, int width, int device)

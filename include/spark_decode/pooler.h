@@ -48,7 +48,8 @@
 //
 // What project/publish/gather/run may not do: allocate, synchronise or
 // prepare a kernel. They are CUDA-graph capturable. Construction (collective
-// over `group`) and warm_up (collective) are not.
+// over `group`; when any rank fails, every rank throws, the failing one its
+// own reason) and warm_up (collective) are not.
 // Destruction is not collective: call barrier() on every rank first.
 #pragma once
 

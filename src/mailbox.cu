@@ -27,8 +27,7 @@ LamportMailbox::LamportMailbox(Group& group, int tp, int rank, int capacity, int
     : tp_(tp), rank_(rank), capacity_(capacity), width_(width), device_(device), group_(&group) {
   // This rank's arguments and GPU, agreed on before anything collective:
   // a rank that refuses alone must not leave its peers in the exchange.
-  std::exception_ptr refused;
-  try {
+  collective_step(group, "mailbox: construction", [&] {
     SPARK_CHECK(tp >= 1 && tp <= kMailboxMaxRanks, "mailbox: tp ", tp, " outside 1..", kMailboxMaxRanks);
     SPARK_CHECK(tp == group.size(), "mailbox: tp ", tp, " != group size ", group.size());
     SPARK_CHECK(rank == group.rank(), "mailbox: rank ", rank, " != group rank ", group.rank());
@@ -39,10 +38,7 @@ LamportMailbox::LamportMailbox(Group& group, int tp, int rank, int capacity, int
     SPARK_CHECK(options.spin_timeout_s > 0 && options.spin_timeout_s < 3600.0,
                 "mailbox: spin timeout ", options.spin_timeout_s, " s outside (0, 3600)");
     detail::require_sm90(device, "the Lamport mailbox");
-  } catch (...) {
-    refused = std::current_exception();
-  }
-  all_ok_or_throw(group, refused, "mailbox: construction");
+  });
   // Every rank must build the same layout: equal allocation sizes alone
   // would let capacity 16 x width 1024 pair with 32 x 512, and the rows
   // would land in the wrong places.
@@ -69,8 +65,7 @@ LamportMailbox::LamportMailbox(Group& group, int tp, int rank, int capacity, int
   const size_t total = state_offset_ + kAlign + options.guard_bytes;
 
   memory_ = std::make_unique<SymmetricMemory>(group, device, total);  // collective; agrees on failure
-  std::exception_ptr failed;
-  try {
+  auto initialise = [&] {
     char* base = static_cast<char*>(memory_->local());
     CUDA_CHECK(cudaMemset(base, kMailboxGuardByte, total));
     const std::vector<uint16_t> sentinel(layout.copy_elems(), mailbox::kSentinel);
@@ -90,14 +85,12 @@ LamportMailbox::LamportMailbox(Group& group, int tp, int rank, int capacity, int
     CUDA_CHECK(cudaFuncGetAttributes(&attrs, kernels::mailbox_publish_kernel<true>));
     CUDA_CHECK(cudaFuncGetAttributes(&attrs, kernels::mailbox_gather_kernel));
     CUDA_CHECK(cudaDeviceSynchronize());
-  } catch (...) {
-    failed = std::current_exception();
-  }
+  };
   try {
     // Also the barrier the protocol needs: no peer publishes into a copy
     // before its owner has filled it (an all-gather returns only once every
     // rank has entered it).
-    all_ok_or_throw(group, failed, "mailbox: initialisation");
+    collective_step(group, "mailbox: initialisation", initialise);
   } catch (...) {
     if (record_host_) cudaFreeHost(record_host_);
     record_host_ = nullptr;

@@ -77,8 +77,7 @@ Pooler::Pooler(Group& group, int tp, int rank, int device, std::vector<PoolerLay
       layers_(std::move(layers)) {
   // This rank's arguments, agreed on before the mailbox's collective
   // construction: a rank that refuses alone must not leave its peers there.
-  std::exception_ptr failed;
-  try {
+  collective_step(group, "pooler: construction", [&] {
     SPARK_CHECK(!batches.empty(), "batches must lie in [1, ", capacity, "]");
     const auto [lo, hi] = std::minmax_element(batches.begin(), batches.end());
     SPARK_CHECK(1 <= *lo && *hi <= capacity && *hi <= kPoolerMaxBatch, "batches must lie in [1, ",
@@ -116,10 +115,7 @@ Pooler::Pooler(Group& group, int tp, int rank, int device, std::vector<PoolerLay
     std::set<int> unique(batches.begin(), batches.end());
     batches_.assign(unique.begin(), unique.end());
     detail::require_sm90(device, "the pooler");
-  } catch (...) {
-    failed = std::current_exception();
-  }
-  all_ok_or_throw(group, failed, "pooler: construction");
+  });
   detail::DeviceGuard guard(device);
   const int shard = pooled_ / tp;
 
@@ -131,7 +127,7 @@ Pooler::Pooler(Group& group, int tp, int rank, int device, std::vector<PoolerLay
 
   // The rest is per rank (kernels, scratch) and may fail on one rank alone
   // (out of memory): agreed on too, so that no peer waits in warm_up.
-  try {
+  auto prepare = [&] {
     PoolerGemm::Options go;
     go.enable_pdl = enable_pdl;
     go.batches = batches_;
@@ -161,11 +157,9 @@ Pooler::Pooler(Group& group, int tp, int rank, int device, std::vector<PoolerLay
     normed_ = p + shard_bytes + packed_bytes + scales_bytes + rows_bytes;
     CUDA_CHECK(cudaMemset(scratch_, 0, scratch_bytes));
     CUDA_CHECK(cudaDeviceSynchronize());
-  } catch (...) {
-    failed = std::current_exception();
-  }
+  };
   try {
-    all_ok_or_throw(group, failed, "pooler: preparation");
+    collective_step(group, "pooler: preparation", prepare);
   } catch (...) {
     // A constructor that throws runs no destructor: free the scratch here.
     if (scratch_) cudaFree(scratch_);

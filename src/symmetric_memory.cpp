@@ -98,11 +98,10 @@ SymmetricMemory::SymmetricMemory(Group& group, int device, size_t bytes)
   peers_.assign(n, nullptr);
   ipc_opened_.assign(n, false);
   // Each step a rank can fail alone (its arguments, its allocation, its
-  // mappings) ends in all_ok_or_throw: a rank that fails must not leave the
+  // mappings) is a collective_step: a rank that fails must not leave the
   // others waiting in the exchange or in the caller's next collective.
   PeerRecord mine{};
-  std::exception_ptr failed;
-  try {
+  auto allocate = [&] {
     SPARK_CHECK(bytes > 0, "symmetric memory: bytes must be positive");
     int count = 0;
     CUDA_CHECK(cudaGetDeviceCount(&count));
@@ -122,11 +121,9 @@ SymmetricMemory::SymmetricMemory(Group& group, int device, size_t bytes)
     // A device without IPC support is fine as long as no peer needs it.
     mine.ipc_ok = cudaIpcGetMemHandle(&mine.handle, local) == cudaSuccess;
     if (!mine.ipc_ok) (void)cudaGetLastError();
-  } catch (...) {
-    failed = std::current_exception();
-  }
+  };
   try {
-    all_ok_or_throw(group, failed, "symmetric memory: allocation");
+    collective_step(group, "symmetric memory: allocation", allocate);
     detail::DeviceGuard guard(device);
     const std::vector<uint8_t> all = group.all_gather(&mine, sizeof mine);
     std::vector<PeerRecord> records(n);
@@ -135,12 +132,8 @@ SymmetricMemory::SymmetricMemory(Group& group, int device, size_t bytes)
       SPARK_CHECK(records[q].bytes == bytes, "symmetric memory: rank ", q, " allocates ",
                   records[q].bytes, " bytes, rank ", rank_, " ", bytes,
                   "; every rank must pass the same size");
-    try {
-      map_peers(rank_, device_, records, mine, peers_, ipc_opened_);
-    } catch (...) {
-      failed = std::current_exception();
-    }
-    all_ok_or_throw(group, failed, "symmetric memory: peer mapping");
+    collective_step(group, "symmetric memory: peer mapping",
+                    [&] { map_peers(rank_, device_, records, mine, peers_, ipc_opened_); });
   } catch (...) {
     release();
     throw;

@@ -44,6 +44,18 @@ class Group {
 // leaves its peers blocked in the next collective until the transport's
 // timeout, or forever. Collective: every rank calls it at the same point.
 void all_ok_or_throw(Group& group, std::exception_ptr local, const char* what);
+// One step of a collective construction: runs `step` on this rank, then
+// all_ok_or_throw with what it threw.
+template <typename Step>
+void collective_step(Group& group, const char* what, Step&& step) {
+  std::exception_ptr failed;
+  try {
+    step();
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  all_ok_or_throw(group, failed, what);
+}
 
 // Ranks as threads of one process. Create one Shared for `size` ranks, hand
 // it to every thread, and let thread r build InProcessGroup(shared, r).

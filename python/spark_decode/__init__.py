@@ -8,7 +8,9 @@ Muse Spark, for PyTorch (H200 / sm_90a; compute capability 9.0 or newer).
 Every class keeps the seed's names and signatures (SPEC §2.9); the C++ API
 (include/spark_decode/) says the exact semantics. Invalid input raises
 InvalidArgument (a ValueError) with the library's reason; environment
-failures raise SparkRuntimeError (a RuntimeError).
+failures raise SparkRuntimeError (a RuntimeError). Calls run on the object's
+device, which must be the calling thread's current CUDA device
+(torch.cuda.set_device(rank) in each rank's process or thread).
 """
 
 # torch first: its CUDA runtime (libcudart.so from its wheel) must be the one

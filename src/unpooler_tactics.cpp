@@ -161,6 +161,9 @@ const std::vector<UnpoolerTacticEntry>& unpooler_tactic_table() {
       "H200, 2026-12-01, unpooler_tune_pooler_shapes_2026-12-01_a1179be (PDL off) and "
       "unpooler_tune_pooler_shapes_pdl_2026-12-01_a1179be (PDL chain): lowest sum of the two "
       "modes' mean us over M 4, 8, 16";
+  static const char* kMeasuredPoolerTp1 =
+      "H200, 2026-12-01, unpooler_tune_pooler_shapes{,_pdl}_2026-12-01_a1179be ranked S=4 balanced "
+      "first, but Pooler.run at b = 16 was slower with it (pooler_2026-12-01_795f9cf): S=2 kept";
   static const std::vector<UnpoolerTacticEntry> table = {
       // Two row tiles at every M: 19.3 us at M 1..8 and 21.7 at 16 (one: 23.5-27.7).
       // Clusters load-balanced: 19.3-19.5 -> 19.0-19.2 us PDL off at M 1..8, 21.6 -> 21.2
@@ -194,7 +197,7 @@ const std::vector<UnpoolerTacticEntry>& unpooler_tactic_table() {
       // Pooler.run at b = 16 25.18 us against 24.6 with S = 2 and the stock
       // path's 25.0 (pooler_2026-12-01_795f9cf), its chain figure at M = 16
       // being the worse one. tp 8 keeps S = 2 (first in both modes).
-      {kMuseSpark.pooled / 1, kMuseSpark.hidden, make_tactic(2, 256, 1, 9, 1, 16), kMeasuredPooler},
+      {kMuseSpark.pooled / 1, kMuseSpark.hidden, make_tactic(2, 256, 1, 9, 1, 16), kMeasuredPoolerTp1},
       {kMuseSpark.pooled / 2, kMuseSpark.hidden, balanced(make_tactic(4, 256, 1, 9, 1, 16)), kMeasuredPooler},
       {kMuseSpark.pooled / 4, kMuseSpark.hidden, balanced(make_tactic(4, 256, 1, 9)), kMeasuredPooler},
       {kMuseSpark.pooled / 8, kMuseSpark.hidden, make_tactic(2, 256, 1, 9), kMeasuredPooler},

@@ -13,17 +13,18 @@ over the steady-state launches, the mean of each step of the chain:
   tail   = this grid's last end - its last wait return (its work after release)
   wait->markN = the last CTA's kernel-specific point N - the last wait return
            (consumers: mark0 = ACTIVE arrived, mark1 = the polled data arrived)
-Usage: trace_summary.py FILE.csv [--skip N] [--show N]
+Usage: trace_summary.py FILE.csv[.gz] [--skip N] [--show N]
 """
 import argparse
 import csv
+import gzip
 import statistics
 from collections import defaultdict
 
 
 def load(path):
     grids = defaultdict(list)
-    with open(path) as f:
+    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
         for row in csv.DictReader(f):
             grids[int(row["grid"])].append(row)
     launches = []

@@ -21,10 +21,21 @@
 //
 // The K permutation: an m16n8k16 MMA sums 16 K per step in an order the
 // hardware fixes, and the sum does not care which physical K sits in which
-// logical slot as long as A and B agree. Lane (g, t) loads 8 consecutive K of
-// weight rows g and g + 8 and of token g as one 16-byte vector each, and
-// feeds K [8t, 8t + 4) of the vector to one MMA step and [8t + 4, 8t + 8) to
-// the next: fully coalesced 16-byte loads, no shuffles.
+// logical slot as long as A and B agree. Lane (g, t) holds 8 consecutive K of
+// two weight rows and of token g as one 16-byte vector each, and feeds
+// K [8t, 8t + 4) of the vector to one MMA step and [8t + 4, 8t + 8) to the
+// next.
+//
+// The row swizzle: mma.sync wants the 4 lanes of group g to hold one A row,
+// so loads that follow the fragment read 8 rows x 64 bytes per instruction.
+// Reading 4 rows x 128 bytes instead (each row's 64 K of a vector pair in one
+// instruction, lanes g = 2j and 2j + 1 taking its halves) was 1.0 us faster
+// per call at tp 1 and 0.6 at tp 2 on an H200 for the same bytes
+// (bench/NOTES.md). So each vector pair is loaded that way and the halves are
+// exchanged between lanes g and g ^ 1 (one shuffle per register) just before
+// use: lane g then holds physical rows perm(g) = 4 (g & 1) + g / 2 and
+// perm(g) + 8 as logical A rows g and g + 8. Which logical row a physical row
+// occupies changes no arithmetic: its K order and accumulator are the same.
 //
 // Determinism: every output is reduced in one fixed order: the warp's MMA
 // steps in K order into accumulator set step % ACCS, the sets summed 0..ACCS-1,
@@ -56,6 +67,24 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
+// The physical row (of 8) that lane group g holds as its logical A row g.
+__host__ __device__ constexpr int unpooler_row_of_group(int g) { return 4 * (g & 1) + g / 2; }
+
+// The row swizzle's exchange for one vector pair (see above). On entry, lane
+// g holds lo = vector 2q + (g & 1) of row g / 2 and hi = vector 2q + 1 - (g & 1)
+// of row 4 + g / 2 (two 4-row x 128-byte loads); on exit lo and hi are vectors
+// 2q and 2q + 1 of row unpooler_row_of_group(g). Each lane sends the half its
+// partner g ^ 1 owns: the even lane's row-(4 + j) half, the odd lane's row-j
+// half.
+__device__ __forceinline__ void unswizzle_pair(uint4& lo, uint4& hi, bool odd) {
+  const uint4 p = lo, q = hi;
+  const uint4 send = odd ? p : q;
+  const uint4 recv = make_uint4(__shfl_xor_sync(0xffffffffu, send.x, 4), __shfl_xor_sync(0xffffffffu, send.y, 4),
+                                __shfl_xor_sync(0xffffffffu, send.z, 4), __shfl_xor_sync(0xffffffffu, send.w, 4));
+  lo = odd ? q : p;
+  hi = recv;
+}
+
 template <int KW, int ACCS, int TILE, int R>
 __global__ void __launch_bounds__(unpooler_max_threads(KW, R))
     unpooler_kernel(const UnpoolerArgs args) {
@@ -70,6 +99,7 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW, R))
   constexpr int kChunks = kVecs / kChunk;
   constexpr int kRowsPerCta = R * kUnpoolerTileN;
   static_assert(KW % kUnpoolerBlockK == 0 && (2 * kVecs) % ACCS == 0 && kVecs % kChunk == 0);
+  static_assert(kChunk % 2 == 0, "the row swizzle loads vectors in pairs");
   static_assert(TILE == 8 || TILE == 16);
   static_assert(R == 1 || R == 2);
   // Dynamic shared memory: a header (the mbarrier the remote partials
@@ -107,19 +137,30 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW, R))
   }
 
   // Weights first: they do not depend on the previous grid. Row tile r's
-  // lane (g, t) reads rows 16r + g (wa) and 16r + g + 8 (wb).
-  const __nv_bfloat16* w_lo = args.w + static_cast<size_t>(feature0 + g) * args.k + k_begin;
-  const size_t tile_stride = static_cast<size_t>(kUnpoolerTileN) * args.k;
+  // lane (g, t) ends up with rows 16r + perm(g) (wa) and 16r + 8 + perm(g)
+  // (wb); it loads them row-swizzled: vector 2q + (g & 1) of row g / 2 into
+  // wa[2q] and vector 2q + 1 - (g & 1) of row 4 + g / 2 into wa[2q + 1]
+  // (wb: 8 rows on).
+  const bool odd = g & 1;
+  const size_t k_stride = args.k;
+  const __nv_bfloat16* w_p = args.w + (feature0 + g / 2) * k_stride + k_begin + (odd ? kUnpoolerBlockK : 0);
+  const __nv_bfloat16* w_q = args.w + (feature0 + 4 + g / 2) * k_stride + k_begin + (odd ? 0 : kUnpoolerBlockK);
+  const size_t tile_stride = kUnpoolerTileN * k_stride;
   const uint64_t policy = ptx::l2_policy_evict_first();
   uint4 wa[R][kChunk], wb[R][kChunk];
+  auto load_chunk = [&](int c) {
 #pragma unroll
-  for (int r = 0; r < R; ++r)
+    for (int r = 0; r < R; ++r)
 #pragma unroll
-    for (int v = 0; v < kChunk; ++v) {
-      wa[r][v] = ptx::ld_stream_v4(w_lo + r * tile_stride + v * kUnpoolerBlockK, policy);
-      wb[r][v] = ptx::ld_stream_v4(w_lo + r * tile_stride + 8 * static_cast<size_t>(args.k) + v * kUnpoolerBlockK,
-                                   policy);
-    }
+      for (int v = 0; v < kChunk; v += 2) {
+        const size_t at = r * tile_stride + (c * kChunk + v) * kUnpoolerBlockK;
+        wa[r][v] = ptx::ld_stream_v4(w_p + at, policy);
+        wa[r][v + 1] = ptx::ld_stream_v4(w_q + at, policy);
+        wb[r][v] = ptx::ld_stream_v4(w_p + at + 8 * k_stride, policy);
+        wb[r][v + 1] = ptx::ld_stream_v4(w_q + at + 8 * k_stride, policy);
+      }
+  };
+  load_chunk(0);
 
   // x is written by the previous grid.
   ptx::griddep_wait();
@@ -149,18 +190,15 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW, R))
 
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
-    if (c > 0) {
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int v = 0; v < kChunk; ++v) {
-          const size_t at = r * tile_stride + (c * kChunk + v) * kUnpoolerBlockK;
-          wa[r][v] = ptx::ld_stream_v4(w_lo + at, policy);
-          wb[r][v] = ptx::ld_stream_v4(w_lo + at + 8 * static_cast<size_t>(args.k), policy);
-        }
-    }
+    if (c > 0) load_chunk(c);
 #pragma unroll
     for (int v = 0; v < kChunk; ++v) {
+      if (v % 2 == 0)
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          unswizzle_pair(wa[r][v], wa[r][v + 1], odd);
+          unswizzle_pair(wb[r][v], wb[r][v + 1], odd);
+        }
       const int step = 2 * (c * kChunk + v);  // the MMA step of this vector's first half
       uint4 xv[kNt];
 #pragma unroll
@@ -244,7 +282,7 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW, R))
   for (int j = threadIdx.x; j < kPartial; j += blockDim.x) {
     const int i = j & 3, ln = (j >> 2) & 31, r = (j >> 7) / kNt, nt = (j >> 7) % kNt;
     const int token = nt * 8 + 2 * (ln & 3) + (i & 1);
-    const int row = r * kUnpoolerTileN + (ln >> 2) + (i >> 1) * 8;
+    const int row = r * kUnpoolerTileN + unpooler_row_of_group(ln >> 2) + (i >> 1) * 8;
     if (token >= args.m) continue;
     float s = partials[j];
 #pragma unroll 8

@@ -149,57 +149,44 @@ const std::vector<UnpoolerTacticEntry>& unpooler_tactic_table() {
   // 8, 16, each with every compiled row tiling, CUDA graphs over cold
   // weights) twice: with PDL off (`graph`) and in a PDL chain (`--pdl`).
   // S, kw and accs fix the bits, so one choice serves both modes (PDL on
-  // must equal off); it is the lowest mean time over M with PDL off, taking
-  // the best row tiling at each M (token tile 8 serves M 1..8, 16 serves
-  // 9..16), and among near-ties (within 0.1 us, which two runs ordered
-  // differently) the one faster in the PDL chain, where callers run by
-  // default.
+  // must equal off); it is the lowest sum of the two modes' mean time over
+  // M, taking the best row tiling at each M (token tile 8 serves M 1..8, 16
+  // serves 9..16). Figures below: PDL off / PDL chain, us, at M = 1 .. 16
+  // (or 4, 8, 16 at the pooler's shapes), from the row-swizzled kernel.
   static const char* kMeasured =
-      "H200, 2026-12-01, unpooler_tune_2026-12-01_2909260 (PDL off) and "
-      "unpooler_tune_pdl_2026-12-01_4b6747b (PDL chain): lowest mean us over M 1..16";
+      "H200, 2026-12-02, unpooler_tune{,_pdl}_2026-12-02_d8f8ee3: lowest sum of the two modes' "
+      "mean us over M 1, 2, 4, 8, 16";
   static const char* kMeasuredPooler =
-      "H200, 2026-12-01, unpooler_tune_pooler_shapes_2026-12-01_a1179be (PDL off) and "
-      "unpooler_tune_pooler_shapes_pdl_2026-12-01_a1179be (PDL chain): lowest sum of the two "
-      "modes' mean us over M 4, 8, 16";
-  static const char* kMeasuredPoolerTp1 =
-      "H200, 2026-12-01, unpooler_tune_pooler_shapes{,_pdl}_2026-12-01_a1179be ranked S=4 balanced "
-      "first, but Pooler.run at b = 16 was slower with it (pooler_2026-12-01_795f9cf): S=2 kept";
+      "H200, 2026-12-02, unpooler_tune_pooler_shapes{,_pdl}_2026-12-02_d8f8ee3: lowest sum of "
+      "the two modes' mean us over M 4, 8, 16";
   static const std::vector<UnpoolerTacticEntry> table = {
-      // Two row tiles at every M: 19.3 us at M 1..8 and 21.7 at 16 (one: 23.5-27.7).
-      // Clusters load-balanced: 19.3-19.5 -> 19.0-19.2 us PDL off at M 1..8, 21.6 -> 21.2
-      // at 16; PDL chain 17.7-18.0 -> 17.2-17.7 at M 1..8, 19.0 -> 19.1 at 16
-      // (unpooler_2026-12-01_271cd19+{base,lb}, two runs each; at tp 2 it lost in the chain).
-      {kMuseSpark.hidden / 1, kMuseSpark.pooled, balanced(make_tactic(2, 256, 1, 9, 1, 16)),
-       kMeasured},
-      // 10.6-10.7 us at M 1..8, 12.4 at 16 (one row tile: 12.6-15.0).
-      {kMuseSpark.hidden / 2, kMuseSpark.pooled, make_tactic(2, 256, 1, 9, 1, 16), kMeasured},
-      // One row tile: with PDL off it ties two at M 1..2 (6.94 us) and is
-      // 0.07-0.16 us slower at M 4..8; in a PDL chain it is 0.35-0.66 us
-      // faster at M 1..8 (5.65 vs 6.31 at M = 1: 256 CTAs of half the size
-      // have all their weights in flight before the wait).
-      {kMuseSpark.hidden / 4, kMuseSpark.pooled, make_tactic(2, 256, 1, 9), kMeasured},
-      // No cluster: the same mean with PDL off as S=2 accs=4 (5.13 us),
-      // 0.26-0.68 us faster in a PDL chain (3.07 vs 3.33 us at M = 1).
-      {kMuseSpark.hidden / 8, kMuseSpark.pooled, make_tactic(1, 256, 1, 9), kMeasured},
+      // 18.28 / 15.51 at M = 1, 18.36 / 15.74 at 8, 20.19 / 16.86 at 16; accs=1
+      // within 0.1 us (18.29 / 15.53 ... 20.19 / 16.88), not balanced 0.4-0.7 slower.
+      {kMuseSpark.hidden / 1, kMuseSpark.pooled, balanced(make_tactic(2, 256, 2, 9, 1, 16)), kMeasured},
+      // 10.31 / 7.87 at M = 1, 10.44 / 8.23 at 8, 11.50 / 9.02 at 16: the PDL
+      // chain 0.3-0.8 us faster than accs=1 without balancing at equal PDL-off times.
+      {kMuseSpark.hidden / 2, kMuseSpark.pooled, balanced(make_tactic(2, 256, 2, 9, 1, 16)), kMeasured},
+      // One row tile: 6.77 / 5.15 at M = 1, 7.21 / 5.58 at 8, 7.94 / 6.34 at 16
+      // (two: 0.08 us faster at M = 8 and 16 with PDL off, 0.7 slower in the chain at 16).
+      {kMuseSpark.hidden / 4, kMuseSpark.pooled, balanced(make_tactic(2, 256, 1, 9)), kMeasured},
+      // 5.04 / 3.04 at M = 1, 5.30 / 3.12 at 8, 5.80 / 3.60 at 16: against
+      // S=1 kw=256 (4.95 / 3.25, 5.26 / 3.27, 6.03 / 4.55) 0.1 us slower with
+      // PDL off at M <= 4 and 0.2-1.0 faster in the chain.
+      {kMuseSpark.hidden / 8, kMuseSpark.pooled, make_tactic(2, 128, 2, 9), kMeasured},
       // The pooler GEMM's shapes N = P / tp at K = H, which the Pooler's MMA
-      // engine serves from b = 2 on (b = 3 at tp 1): `tune unpooler --pooler-shapes
-      // --m 4,8,16`, both modes, each clustered tactic under both scheduling
-      // policies. At tp 2 and 4, S = 4 with load-balanced clusters wins both
-      // modes' sum (at S = 2 a CTA of 16 warps fills an SM; at S = 4 a CTA of 8
-      // warps leaves room for a second, and load balancing places the next
-      // cluster as soon as two half-free SMs exist). tp 2, M = 4 / 8 / 16: PDL
-      // off 10.96 / 11.08 / 12.59 us (S = 2: 11.06 / 11.32 / 13.09), PDL chain
-      // 9.49 / 9.61 / 10.52 (9.30 / 9.51 / 10.80); tp 4: 7.24 / 7.44 / 8.28
-      // (7.32 / 7.56 / 8.57) and 5.45 / 5.68 / 6.35 (5.56 / 5.82 / 6.64).
-      // tp 1 keeps S = 2: S = 4 balanced was faster in the tune (PDL off
-      // 19.63 / 19.80 / 22.26 vs 20.07 / 20.41 / 23.13; chain 17.54 / 17.68 /
-      // 20.40 vs 17.98 / 18.32 / 20.23) but slower where the Pooler runs it:
-      // Pooler.run at b = 16 25.18 us against 24.6 with S = 2 and the stock
-      // path's 25.0 (pooler_2026-12-01_795f9cf), its chain figure at M = 16
-      // being the worse one. tp 8 keeps S = 2 (first in both modes).
-      {kMuseSpark.pooled / 1, kMuseSpark.hidden, make_tactic(2, 256, 1, 9, 1, 16), kMeasuredPoolerTp1},
+      // engine serves from b = 2 on (b = 3 at tp 1): `tune unpooler
+      // --pooler-shapes --m 4,8,16`, both modes, each clustered tactic under
+      // both scheduling policies. At S = 2 a CTA of 16 warps fills an SM; at
+      // S = 4 a CTA of 8 warps leaves room for a second, and load balancing
+      // places the next cluster as soon as two half-free SMs exist.
+      // tp 1: 18.23 / 15.75, 18.54 / 15.78, 20.30 / 17.30 (S=2: 19.27 / 15.85,
+      // 19.56 / 16.20, 21.53 / 17.71).
+      {kMuseSpark.pooled / 1, kMuseSpark.hidden, balanced(make_tactic(4, 256, 1, 9, 1, 16)), kMeasuredPooler},
+      // tp 2: 10.50 / 8.24, 10.59 / 8.47, 11.86 / 8.79.
       {kMuseSpark.pooled / 2, kMuseSpark.hidden, balanced(make_tactic(4, 256, 1, 9, 1, 16)), kMeasuredPooler},
+      // tp 4: 7.00 / 5.33, 7.27 / 5.60, 8.28 / 6.33.
       {kMuseSpark.pooled / 4, kMuseSpark.hidden, balanced(make_tactic(4, 256, 1, 9)), kMeasuredPooler},
+      // tp 8: 5.46 / 3.20, 5.79 / 3.35, 6.68 / 4.87; S=4 balanced ties (sum 9.76 vs 9.78).
       {kMuseSpark.pooled / 8, kMuseSpark.hidden, make_tactic(2, 256, 1, 9), kMeasuredPooler},
   };
   return table;

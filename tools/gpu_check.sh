@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on a lent GPU machine: build for sm_90a, run the GPU tests and the
 # benchmarks, leave logs and JSON in $OUT (default /tmp/spark-out).
-#   tools/gpu_check.sh [build] [test] [sanitize] [tune] [tune-pdl] [bench] [gather] [publish] [pooler] [trace]
+#   tools/gpu_check.sh [build] [test] [sanitize] [tune] [tune-pdl] [tune-pooler] [bench] [gather] [publish] [pooler] [trace]
 #   (default: build test bench). trace: a -DSPARK_DECODE_TRACE=ON build in
 #   build/trace, per-CTA timelines of the unpooler's PDL chain and of
 #   Pooler.run (tp 1, and tp 2 where two GPUs are), summarised into the log,
@@ -86,6 +86,12 @@ if has tune-pdl; then
   say "tune --pdl $(date -u +%T)"
   build/h200/spark-decode tune unpooler --pdl --out "$OUT" 2>&1 | tee -a "$LOG" || rc=1
   build/h200/spark-decode tune unpooler --pdl --pooler-shapes --m 4,8,16 --out "$OUT" 2>&1 | tee -a "$LOG" || rc=1
+fi
+if has tune-pooler; then
+  # The pooler GEMM's engine table: every engine and skinny shape in a PDL
+  # chain, as Pooler.run launches it, around the skinny/MMA crossover.
+  say "tune pooler $(date -u +%T)"
+  build/h200/spark-decode tune pooler --b 1,2,3,4,6 --out "$OUT" 2>&1 | tee -a "$LOG" || rc=1
 fi
 if has bench; then
   say "bench $(date -u +%T)"

@@ -220,13 +220,19 @@ std::string tune_unpooler(const UnpoolerBenchOptions& o) {
           t.splits = s;
           t.kw = kw;
           t.accs = accs;
-          time_tactic(t);
-          // Clustered tactics also under the load-balancing scheduling policy:
-          // scheduling only, the same bits, and whether it is faster depends on
-          // how many clusters share a pair of SMs (bench/NOTES.md).
-          if (s > 1) {
-            t.cluster_balance = true;
+          // Clustered tactics also under the load-balancing scheduling policy,
+          // and the one compiled (kw, accs) also with fragment-order weight
+          // loads: loads and scheduling only, the same bits, and which is
+          // faster depends on the grid (bench/NOTES.md).
+          for (bool swizzle : {true, false}) {
+            t.row_swizzle = swizzle;
+            t.cluster_balance = false;
+            if (launch_unsupported(n, k, t)) continue;
             time_tactic(t);
+            if (s > 1) {
+              t.cluster_balance = true;
+              time_tactic(t);
+            }
           }
         }
     std::printf("tp %d (N=%d, floor %.2f us, %s): tactics by mean us over m\n", tp, n, floor,

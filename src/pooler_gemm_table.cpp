@@ -93,20 +93,19 @@ PoolerGemmChoice mma() {
   return c;
 }
 
-// Measured on an H200 in a PDL chain, as Pooler.run launches
-// (bench/results/pooler_tune_2026-12-01_95cbe0a, `tune pooler --b 1,2,3,4,6`,
-// the MMA engine at its tactic-table rows, after the weight loads were made
-// coherent so that they stream before griddepcontrol.wait): the skinny GEMM
-// streams best at b = 1 (93% of the read floor at tp 1, 2.4x cuBLAS at tp 8)
-// and at tp 1 still wins at b = 2 (16.9 vs 17.3 us); elsewhere the MMA engine
-// takes b = 2 on (tp 2: 8.9 vs 10.1 us, tp 4: 5.4 vs 5.7, tp 8: 3.1 vs 3.4),
-// since in a chain it has its first wave's weights in flight before the wait
-// and its time is flat in b, while the skinny GEMM's CUDA-core FMAs and its
-// per-4-rows re-reads of x grow with b. (With PDL off the skinny GEMM would
-// keep b = 2 at tp 2-8 and b = 3 at tp 8; the Pooler runs with PDL.)
+// Measured on an H200 (bench/results/pooler_tune_2026-12-02_c5a28e4, `tune
+// pooler --b 1,2,3,4,6`, the MMA engine at its tactic-table rows, with the
+// row-swizzled weight loads). The engines give different bits, and PDL on
+// must equal off, so one choice serves both modes: at b = 1 the skinny GEMM
+// (tp 1: 16.8 us with PDL off, 16.0 in a PDL chain; the MMA engine 18.1 and
+// 15.5: 1.3 us slower where it loses, 0.5 faster where it wins; tp 4 and 8
+// the skinny GEMM in both modes); from b = 2 on the MMA engine in both
+// modes at every tp (tp 1, b = 2: 18.1 / 15.6 against the best skinny
+// shape's 18.3 / 16.8), its time flat in b while the skinny GEMM's
+// CUDA-core FMAs and its per-4-rows re-reads of x grow with b.
 PoolerGemmChoice table_entry(int tp, int b) {
+  (void)tp;
   if (b == 1) return skinny(512, 4, 2);
-  if (b == 2 && tp == 1) return skinny(512, 2, 2);
   return mma();
 }
 
@@ -138,7 +137,7 @@ bool pooler_fused_publish(int tp, int b) {
 
 std::string format_pooler_gemm_table() {
   std::ostringstream os;
-  os << "pooler GEMM (N = P/tp, K = H; by tp and b; H200 2026-12-01, PDL chain, b = 1, 2, 3, 4, 6):\n";
+  os << "pooler GEMM (N = P/tp, K = H; by tp and b; H200 2026-12-02, both modes, b = 1, 2, 3, 4, 6):\n";
   for (int tp : kTensorParallelSizes) {
     const int n = kMuseSpark.pooled / tp, k = kMuseSpark.hidden;
     os << "  tp " << tp << " N=" << n << " K=" << k << ":";

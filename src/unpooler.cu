@@ -15,12 +15,14 @@ namespace {
 using KernelFn = void (*)(kernels::UnpoolerArgs);
 
 // The compiled variants: kUnpoolerKws x tile {8, 16} x (accs, row tiles)
-// with accs * row tiles <= 4 (launch_unsupported refuses the rest).
+// with accs * row tiles <= 4, row-swizzled; and kw = 256, accs = 1 with the
+// fragment-order loads (launch_unsupported refuses the rest).
 static_assert(kUnpoolerRowTiles.size() == 2 && kUnpoolerRowTiles[1] == 2,
               "keep the dispatch in step with kUnpoolerRowTiles");
-template <int KW, int ACCS, int R>
+template <int KW, int ACCS, int R, bool SWIZZLE = true>
 KernelFn pick_tile(int tile) {
-  return tile == 8 ? kernels::unpooler_kernel<KW, ACCS, 8, R> : kernels::unpooler_kernel<KW, ACCS, 16, R>;
+  return tile == 8 ? kernels::unpooler_kernel<KW, ACCS, 8, R, SWIZZLE>
+                   : kernels::unpooler_kernel<KW, ACCS, 16, R, SWIZZLE>;
 }
 
 template <int KW>
@@ -33,13 +35,17 @@ KernelFn pick_accs(int accs, int tile, int row_tiles) {
   }
 }
 
-KernelFn unpooler_kernel_for(int kw, int accs, int tile, int row_tiles) {
+KernelFn unpooler_kernel_for(const UnpoolerTactic& t, int tile, int row_tiles) {
   static_assert(kUnpoolerKws[0] == 64 && kUnpoolerKws[1] == 128 && kUnpoolerKws[2] == 256,
                 "keep the dispatch in step with kUnpoolerKws");
-  switch (kw) {
-    case 64: return pick_accs<64>(accs, tile, row_tiles);
-    case 128: return pick_accs<128>(accs, tile, row_tiles);
-    default: return pick_accs<256>(accs, tile, row_tiles);
+  static_assert(kUnpoolerUnswizzledKw == 256 && kUnpoolerUnswizzledAccs == 1,
+                "keep the dispatch in step with the unswizzled variant");
+  if (!t.row_swizzle)
+    return row_tiles == 2 ? pick_tile<256, 1, 2, false>(tile) : pick_tile<256, 1, 1, false>(tile);
+  switch (t.kw) {
+    case 64: return pick_accs<64>(t.accs, tile, row_tiles);
+    case 128: return pick_accs<128>(t.accs, tile, row_tiles);
+    default: return pick_accs<256>(t.accs, tile, row_tiles);
   }
 }
 
@@ -131,7 +137,7 @@ bool Unpooler::prepared(int tile, int row_tiles) const {
 
 void Unpooler::prepare(int tile, int row_tiles) {
   if (prepared(tile, row_tiles)) return;
-  const KernelFn fn = unpooler_kernel_for(tactic_.kw, tactic_.accs, tile, row_tiles);
+  const KernelFn fn = unpooler_kernel_for(tactic_, tile, row_tiles);
   const auto shape = launch_shape(n_, k_, tactic_, tile, row_tiles, enable_pdl_);
   // The cap is per kernel and per device, shared by every Unpooler (and the
   // Pooler's MMA engine) using this kernel: set it to the most any of them may
@@ -171,7 +177,7 @@ void Unpooler::run(const void* x, void* out, int m, cudaStream_t stream) {
                              static_cast<const __nv_bfloat16*>(x),
                              static_cast<__nv_bfloat16*>(out), n_, k_, m, {}};
   if (mailbox_) args.publish = publish_target(*mailbox_, ticket_);
-  kernels::launch(unpooler_kernel_for(tactic_.kw, tactic_.accs, tile, row_tiles),
+  kernels::launch(unpooler_kernel_for(tactic_, tile, row_tiles),
                   launch_shape(n_, k_, tactic_, tile, row_tiles, enable_pdl_), stream, args);
 }
 

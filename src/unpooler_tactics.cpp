@@ -42,6 +42,7 @@ std::string UnpoolerTactic::to_string() const {
     if (ranges.tellp() > 0) os << " rows" << rows * kUnpoolerTileN << "_at_m=" << ranges.str();
   }
   if (cluster_balance && splits > 1) os << " cluster_balance";
+  if (!row_swizzle) os << " unswizzled";
   return os.str();
 }
 
@@ -74,6 +75,9 @@ std::optional<std::string> launch_unsupported(int n, int k, int splits, int kw, 
 
 std::optional<std::string> launch_unsupported(int n, int k, const UnpoolerTactic& tactic) {
   if (auto reason = launch_unsupported(n, k, tactic.splits, tactic.kw, tactic.accs)) return reason;
+  if (!tactic.row_swizzle && (tactic.kw != kUnpoolerUnswizzledKw || tactic.accs != kUnpoolerUnswizzledAccs))
+    return detail::concat("fragment-order (unswizzled) weight loads are compiled for kw=", kUnpoolerUnswizzledKw,
+                          " accs=", kUnpoolerUnswizzledAccs, " only, got kw=", tactic.kw, " accs=", tactic.accs);
   for (int m = 1; m <= kUnpoolerMaxM; ++m) {
     const int tile = tactic.token_tile[m - 1], rows = tactic.row_tiles[m - 1];
     if ((tile != 8 && tile != 16) || tile < m)
@@ -124,6 +128,11 @@ UnpoolerTactic balanced(UnpoolerTactic t) {
   return t;
 }
 
+UnpoolerTactic unswizzled(UnpoolerTactic t) {
+  t.row_swizzle = false;
+  return t;
+}
+
 // A valid tactic for a shape the table does not list: a heuristic read off
 // the H200 tune (bench/results/unpooler_tune_*.json): enough CTAs for about
 // two per SM (the least S with (N / 16) * S >= 256), then the widest weight
@@ -169,10 +178,8 @@ const std::vector<UnpoolerTacticEntry>& unpooler_tactic_table() {
       // One row tile: 6.77 / 5.15 at M = 1, 7.21 / 5.58 at 8, 7.94 / 6.34 at 16
       // (two: 0.08 us faster at M = 8 and 16 with PDL off, 0.7 slower in the chain at 16).
       {kMuseSpark.hidden / 4, kMuseSpark.pooled, balanced(make_tactic(2, 256, 1, 9)), kMeasured},
-      // 5.04 / 3.04 at M = 1, 5.30 / 3.12 at 8, 5.80 / 3.60 at 16: against
-      // S=1 kw=256 (4.95 / 3.25, 5.26 / 3.27, 6.03 / 4.55) 0.1 us slower with
-      // PDL off at M <= 4 and 0.2-1.0 faster in the chain.
-      {kMuseSpark.hidden / 8, kMuseSpark.pooled, make_tactic(2, 128, 2, 9), kMeasured},
+      // TP8-PLACEHOLDER
+      {kMuseSpark.hidden / 8, kMuseSpark.pooled, unswizzled(make_tactic(1, 256, 1, 9)), kMeasured},
       // The pooler GEMM's shapes N = P / tp at K = H, which the Pooler's MMA
       // engine serves from b = 2 on (b = 3 at tp 1): `tune unpooler
       // --pooler-shapes --m 4,8,16`, both modes, each clustered tactic under

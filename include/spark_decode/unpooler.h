@@ -64,6 +64,10 @@ inline constexpr int kUnpoolerMaxM = 16;
 // run per CTA: a warp holds its whole weight slice in registers (kw / 4 of
 // them per thread), so wider slices leave room for fewer threads.
 inline constexpr std::array<int, 3> kUnpoolerKws = {64, 128, 256};
+// The one (kw, accs) compiled with fragment-order weight loads
+// (UnpoolerTactic::row_swizzle = false).
+inline constexpr int kUnpoolerUnswizzledKw = 256;
+inline constexpr int kUnpoolerUnswizzledAccs = 1;
 // The row tiles per CTA with a compiled kernel (UnpoolerTactic::row_tiles).
 // 4 was measured too and lost at every shape (bench/NOTES.md).
 inline constexpr std::array<int, 2> kUnpoolerRowTiles = {1, 2};
@@ -88,6 +92,12 @@ struct UnpoolerTactic {
   // places the next wave's clusters sooner where a grid runs in two or more
   // waves (measured: tp 1, bench/NOTES.md); ignored at S = 1.
   bool cluster_balance = false;
+  // Weight loads row-swizzled: each load instruction reads 4 rows x 128
+  // contiguous bytes, and lanes exchange halves by shuffle before the MMA,
+  // instead of 8 rows x 64 bytes in the MMA fragment's order. Loads only:
+  // the same bits. Faster wherever the grid streams at bandwidth (tp 1-4);
+  // the fragment order (false) is compiled for kw = 256, accs = 1 only.
+  bool row_swizzle = true;
 
   int warps(int k) const { return k / (splits * kw); }
   std::string to_string() const;

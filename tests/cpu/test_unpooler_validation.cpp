@@ -189,10 +189,33 @@ TEST(UnpoolerValidation, ClusterBalanceIsPrintedOnlyWithClusters) {
   EXPECT_EQ(t.to_string(), "S=1 kw=64 accs=1 tile16_from_m=9");
   t.splits = 2;
   EXPECT_EQ(t.to_string(), "S=2 kw=64 accs=1 tile16_from_m=9 cluster_balance");
-  // Where it was measured faster (bench/NOTES.md): the unpooler at tp 1 and
-  // the pooler GEMM's MMA engine at tp 2 and 4; nowhere else.
-  EXPECT_TRUE(sd::unpooler_tactic(8192, 4096).cluster_balance);
-  for (int n : {4096, 2048, 1024}) EXPECT_FALSE(sd::unpooler_tactic(n, 4096).cluster_balance) << n;
-  for (int n : {2048, 1024}) EXPECT_TRUE(sd::unpooler_tactic(n, 8192).cluster_balance) << n;
-  for (int n : {4096, 512}) EXPECT_FALSE(sd::unpooler_tactic(n, 8192).cluster_balance) << n;
+  // Where it was measured faster (bench/results/unpooler_tune*_d8f8ee3): the
+  // unpooler at tp 1, 2 and 4 and the pooler GEMM's MMA engine at tp 1, 2
+  // and 4; not at tp 8.
+  for (int n : {8192, 4096, 2048}) EXPECT_TRUE(sd::unpooler_tactic(n, 4096).cluster_balance) << n;
+  EXPECT_FALSE(sd::unpooler_tactic(1024, 4096).cluster_balance);
+  for (int n : {4096, 2048, 1024}) EXPECT_TRUE(sd::unpooler_tactic(n, 8192).cluster_balance) << n;
+  EXPECT_FALSE(sd::unpooler_tactic(512, 8192).cluster_balance);
+}
+
+TEST(UnpoolerValidation, UnswizzledLoadsOnlyWhereCompiled) {
+  auto t = tactic(2, 256, 1);
+  EXPECT_EQ(t.to_string(), "S=2 kw=256 accs=1 tile16_from_m=9");
+  t.row_swizzle = false;
+  EXPECT_EQ(t.to_string(), "S=2 kw=256 accs=1 tile16_from_m=9 unswizzled");
+  EXPECT_EQ(reason(weight(32, 4096), t), "<supported>");
+  t.row_tiles.fill(2);
+  EXPECT_EQ(reason(weight(32, 4096), t), "<supported>");
+  t.accs = 2;
+  EXPECT_EQ(reason(weight(32, 4096), t),
+            "fragment-order (unswizzled) weight loads are compiled for kw=256 accs=1 only, got kw=256 accs=2");
+  t.accs = 1;
+  t.kw = 128;
+  EXPECT_EQ(reason(weight(32, 4096), t),
+            "fragment-order (unswizzled) weight loads are compiled for kw=256 accs=1 only, got kw=128 accs=1");
+  t.row_swizzle = true;
+  EXPECT_EQ(reason(weight(32, 4096), t), "<supported>");
+  // The tensor-parallel size whose small grid it serves: tp 8's unpooler.
+  EXPECT_FALSE(sd::unpooler_tactic(1024, 4096).row_swizzle);
+  for (int n : {8192, 4096, 2048}) EXPECT_TRUE(sd::unpooler_tactic(n, 4096).row_swizzle) << n;
 }

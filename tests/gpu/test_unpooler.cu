@@ -164,28 +164,78 @@ TEST(UnpoolerGpu, SmallShapesEveryMEveryDistribution) {
     for (Dist d : kAllDists) check_all_m(s.n, s.k, d);
 }
 
-// Every compiled kernel (kw x accs x both tiles x each compiled row tiling)
-// through every split that can take it, on a small shape.
+// Every compiled kernel (kw x accs x both tiles x each compiled row tiling,
+// row-swizzled or not) through every split that can take it, on a small shape.
 TEST(UnpoolerGpu, EveryCompiledVariant) {
   SKIP_WITHOUT_GPU(1);
   const int n = 96, k = 2048;
-  int tested = 0, tested_two_rows = 0;
+  int tested = 0, tested_two_rows = 0, tested_unswizzled = 0;
   for (int s : {1, 2, 4, 8})
     for (int kw : sd::kUnpoolerKws)
       for (int accs : {1, 2, 4})
-        for (int rows : sd::kUnpoolerRowTiles) {
-          sd::UnpoolerTactic t;
-          t.splits = s;
-          t.kw = kw;
-          t.accs = accs;
-          t.row_tiles.fill(rows);
-          if (sd::launch_unsupported(n, k, t)) continue;
-          check_all_m(n, k, Dist::normal, &t);
-          ++tested;
-          tested_two_rows += rows == 2;
-        }
+        for (int rows : sd::kUnpoolerRowTiles)
+          for (bool swizzle : {true, false}) {
+            sd::UnpoolerTactic t;
+            t.splits = s;
+            t.kw = kw;
+            t.accs = accs;
+            t.row_tiles.fill(rows);
+            t.row_swizzle = swizzle;
+            if (sd::launch_unsupported(n, k, t)) continue;
+            check_all_m(n, k, Dist::normal, &t);
+            ++tested;
+            tested_two_rows += rows == 2;
+            tested_unswizzled += !swizzle;
+          }
   EXPECT_GE(tested - tested_two_rows, 18);
   EXPECT_GE(tested_two_rows, 12);
+  EXPECT_GE(tested_unswizzled, 8);
+}
+
+// The row swizzle moves which lane loads which weight bytes and which
+// logical MMA row a weight row occupies, never the arithmetic: swizzled and
+// fragment-order loads give the same bits at every m, split and row tiling,
+// on small shapes (kw = 256: four vector pairs per warp, one chunk at R = 1
+// and two at R = 2; 1 to 8 warps per CTA) and at every table shape (its
+// split; kw = 256, accs = 1, where both compile).
+TEST(UnpoolerGpu, RowSwizzleGivesTheSameBits) {
+  SKIP_WITHOUT_GPU(1);
+  auto compare = [](int n, int k, sd::UnpoolerTactic t) {
+    Problem p(n, k, Dist::outliers);
+    t.kw = sd::kUnpoolerUnswizzledKw;
+    t.accs = sd::kUnpoolerUnswizzledAccs;
+    sd::UnpoolerTactic plain = t;
+    t.row_swizzle = true;
+    plain.row_swizzle = false;
+    if (sd::launch_unsupported(n, k, t) || sd::launch_unsupported(n, k, plain)) return false;
+    sd::Unpooler::Options o1, o2;
+    o1.tactic = t;
+    o2.tactic = plain;
+    sd::Unpooler u1(weight_ref(p.w.get(), n, k), o1), u2(weight_ref(p.w.get(), n, k), o2);
+    for (int m = 1; m <= sd::kUnpoolerMaxM; ++m) {
+      const auto a = p.run(u1, m);
+      EXPECT_EQ(p.out.check_guards(), "");
+      const auto b = p.run(u2, m);
+      EXPECT_EQ(p.out.check_guards(), "");
+      EXPECT_EQ(std::count(a.begin(), a.end(), kPoisonBf16), 0) << t.to_string() << " m=" << m;
+      EXPECT_EQ(a, b) << n << "x" << k << " m=" << m << ": " << t.to_string() << " vs " << plain.to_string();
+      if (a != b) return true;
+    }
+    return true;
+  };
+  int compared = 0;
+  for (int k : {256, 512, 1024, 2048})
+    for (int s : {1, 2, 4, 8})
+      for (int rows : sd::kUnpoolerRowTiles) {
+        sd::UnpoolerTactic t;
+        t.splits = s;
+        t.row_tiles.fill(rows);
+        compared += compare(96, k, t);
+      }
+  EXPECT_GE(compared, 12);
+  int table_compared = 0;
+  for (const auto& e : sd::unpooler_tactic_table()) table_compared += compare(e.n, e.k, e.tactic);
+  EXPECT_EQ(table_compared, static_cast<int>(sd::unpooler_tactic_table().size()));
 }
 
 // Row tiles per CTA change which CTA computes a row, not how: every

@@ -35,7 +35,11 @@
 // exchanged between lanes g and g ^ 1 (one shuffle per register) just before
 // use: lane g then holds physical rows perm(g) = 4 (g & 1) + g / 2 and
 // perm(g) + 8 as logical A rows g and g + 8. Which logical row a physical row
-// occupies changes no arithmetic: its K order and accumulator are the same.
+// occupies changes no arithmetic: its K order and accumulator are the same,
+// so SWIZZLE = false (the loads follow the fragment, no exchange) gives the
+// same bits. That variant stays for grids too small to be bandwidth-bound
+// (tp 8: 64 CTAs), where the exchange's 12 instructions per register pair
+// after griddepcontrol.wait cost more than the coalescing gains.
 //
 // Determinism: every output is reduced in one fixed order: the warp's MMA
 // steps in K order into accumulator set step % ACCS, the sets summed 0..ACCS-1,
@@ -85,7 +89,7 @@ __device__ __forceinline__ void unswizzle_pair(uint4& lo, uint4& hi, bool odd) {
   hi = recv;
 }
 
-template <int KW, int ACCS, int TILE, int R>
+template <int KW, int ACCS, int TILE, int R, bool SWIZZLE>
 __global__ void __launch_bounds__(unpooler_max_threads(KW, R))
     unpooler_kernel(const UnpoolerArgs args) {
   SPARK_TRACE_CTA(kUnpooler);
@@ -99,7 +103,7 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW, R))
   constexpr int kChunks = kVecs / kChunk;
   constexpr int kRowsPerCta = R * kUnpoolerTileN;
   static_assert(KW % kUnpoolerBlockK == 0 && (2 * kVecs) % ACCS == 0 && kVecs % kChunk == 0);
-  static_assert(kChunk % 2 == 0, "the row swizzle loads vectors in pairs");
+  static_assert(!SWIZZLE || kChunk % 2 == 0, "the row swizzle loads vectors in pairs");
   static_assert(TILE == 8 || TILE == 16);
   static_assert(R == 1 || R == 2);
   // Dynamic shared memory: a header (the mbarrier the remote partials
@@ -138,12 +142,13 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW, R))
 
   // Weights first: they do not depend on the previous grid. Row tile r's
   // lane (g, t) ends up with rows 16r + perm(g) (wa) and 16r + 8 + perm(g)
-  // (wb); it loads them row-swizzled: vector 2q + (g & 1) of row g / 2 into
-  // wa[2q] and vector 2q + 1 - (g & 1) of row 4 + g / 2 into wa[2q + 1]
-  // (wb: 8 rows on).
+  // (wb), perm the identity without SWIZZLE. Swizzled, it loads vector
+  // 2q + (g & 1) of row g / 2 into wa[2q] and vector 2q + 1 - (g & 1) of row
+  // 4 + g / 2 into wa[2q + 1] (wb: 8 rows on).
   const bool odd = g & 1;
   const size_t k_stride = args.k;
-  const __nv_bfloat16* w_p = args.w + (feature0 + g / 2) * k_stride + k_begin + (odd ? kUnpoolerBlockK : 0);
+  const __nv_bfloat16* w_p = SWIZZLE ? args.w + (feature0 + g / 2) * k_stride + k_begin + (odd ? kUnpoolerBlockK : 0)
+                                     : args.w + (feature0 + g) * k_stride + k_begin;
   const __nv_bfloat16* w_q = args.w + (feature0 + 4 + g / 2) * k_stride + k_begin + (odd ? 0 : kUnpoolerBlockK);
   const size_t tile_stride = kUnpoolerTileN * k_stride;
   const uint64_t policy = ptx::l2_policy_evict_first();
@@ -152,12 +157,14 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW, R))
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
-      for (int v = 0; v < kChunk; v += 2) {
+      for (int v = 0; v < kChunk; v += SWIZZLE ? 2 : 1) {
         const size_t at = r * tile_stride + (c * kChunk + v) * kUnpoolerBlockK;
         wa[r][v] = ptx::ld_stream_v4(w_p + at, policy);
-        wa[r][v + 1] = ptx::ld_stream_v4(w_q + at, policy);
         wb[r][v] = ptx::ld_stream_v4(w_p + at + 8 * k_stride, policy);
-        wb[r][v + 1] = ptx::ld_stream_v4(w_q + at + 8 * k_stride, policy);
+        if constexpr (SWIZZLE) {
+          wa[r][v + 1] = ptx::ld_stream_v4(w_q + at, policy);
+          wb[r][v + 1] = ptx::ld_stream_v4(w_q + at + 8 * k_stride, policy);
+        }
       }
   };
   load_chunk(0);
@@ -193,7 +200,7 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW, R))
     if (c > 0) load_chunk(c);
 #pragma unroll
     for (int v = 0; v < kChunk; ++v) {
-      if (v % 2 == 0)
+      if (SWIZZLE && v % 2 == 0)
 #pragma unroll
         for (int r = 0; r < R; ++r) {
           unswizzle_pair(wa[r][v], wa[r][v + 1], odd);
@@ -282,7 +289,7 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW, R))
   for (int j = threadIdx.x; j < kPartial; j += blockDim.x) {
     const int i = j & 3, ln = (j >> 2) & 31, r = (j >> 7) / kNt, nt = (j >> 7) % kNt;
     const int token = nt * 8 + 2 * (ln & 3) + (i & 1);
-    const int row = r * kUnpoolerTileN + unpooler_row_of_group(ln >> 2) + (i >> 1) * 8;
+    const int row = r * kUnpoolerTileN + (SWIZZLE ? unpooler_row_of_group(ln >> 2) : ln >> 2) + (i >> 1) * 8;
     if (token >= args.m) continue;
     float s = partials[j];
 #pragma unroll 8

@@ -178,7 +178,13 @@ const std::vector<UnpoolerTacticEntry>& unpooler_tactic_table() {
       // One row tile: 6.77 / 5.15 at M = 1, 7.21 / 5.58 at 8, 7.94 / 6.34 at 16
       // (two: 0.08 us faster at M = 8 and 16 with PDL off, 0.7 slower in the chain at 16).
       {kMuseSpark.hidden / 4, kMuseSpark.pooled, balanced(make_tactic(2, 256, 1, 9)), kMeasured},
-      // TP8-PLACEHOLDER
+      // Fragment-order loads: 64 CTAs leave half the SMs idle, so the grid is
+      // latency-bound and the row swizzle's exchange after griddepcontrol.wait
+      // costs more than its coalescing gains. 4.86 / 3.06 at M = 1, 5.07 / 3.20
+      // at 8, 5.97 / 4.65 at 16; swizzled 4.94 / 3.23, 5.25 / 3.26, 6.02 / 4.52;
+      // the best swizzled tactic (S=4 kw=128 accs=2 balanced) 4.87 / 3.31,
+      // 5.15 / 3.41, 5.87 / 3.69 (unpooler_tune{,_pdl}_2026-12-02_b54ffc4, tp 8
+      // only, lowest sum of both modes with one row tiling per M for both).
       {kMuseSpark.hidden / 8, kMuseSpark.pooled, unswizzled(make_tactic(1, 256, 1, 9)), kMeasured},
       // The pooler GEMM's shapes N = P / tp at K = H, which the Pooler's MMA
       // engine serves from b = 2 on (b = 3 at tp 1): `tune unpooler

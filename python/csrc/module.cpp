@@ -100,12 +100,18 @@ py::dict tactic_dict(const sd::UnpoolerTactic& t) {
   d["token_tile"] = std::vector<int>(t.token_tile.begin(), t.token_tile.end());
   d["row_tiles"] = std::vector<int>(t.row_tiles.begin(), t.row_tiles.end());
   d["cluster_balance"] = t.cluster_balance;
+  d["row_swizzle"] = t.row_swizzle;
   return d;
 }
 
-// Keys missing from `d` keep the table's value for [n, k].
+// Keys missing from `d` keep the table's value for [n, k], except
+// row_swizzle where `d` changes kw or accs: the fragment-order loads the
+// table may pick are compiled for one (kw, accs) only, the swizzled ones
+// for all, so another kw or accs gets them unless asked otherwise.
 sd::UnpoolerTactic tactic_from(const py::dict& d, int n, int k) {
   sd::UnpoolerTactic t = sd::unpooler_tactic(n, k);
+  const sd::UnpoolerTactic table = t;
+  bool swizzle_given = false;
   for (auto item : d) {
     const auto key = item.first.cast<std::string>();
     if (key == "splits") {
@@ -116,6 +122,9 @@ sd::UnpoolerTactic tactic_from(const py::dict& d, int n, int k) {
       t.accs = item.second.cast<int>();
     } else if (key == "cluster_balance") {
       t.cluster_balance = item.second.cast<bool>();
+    } else if (key == "row_swizzle") {
+      t.row_swizzle = item.second.cast<bool>();
+      swizzle_given = true;
     } else if (key == "token_tile" || key == "row_tiles") {
       // A list of one entry per m in 1..16, or {m: value} over the table's.
       auto& dst = key == "token_tile" ? t.token_tile : t.row_tiles;
@@ -137,6 +146,7 @@ sd::UnpoolerTactic tactic_from(const py::dict& d, int n, int k) {
       throw sd::InvalidArgument("unknown tactic field '" + key + "'");
     }
   }
+  if (!swizzle_given && (t.kw != table.kw || t.accs != table.accs)) t.row_swizzle = true;
   return t;
 }
 

@@ -27,14 +27,19 @@ class UnpoolerShape(NamedTuple):
     token_tile: Mapping[int, int] | Sequence[int] | None = None
     row_tiles: Mapping[int, int] | Sequence[int] | None = None
     cluster_balance: bool | None = None  # load-balanced cluster scheduling (same bits)
+    # Row-swizzled weight loads (same bits); False (fragment order) compiles
+    # for kw=256 accs=1 only. None: the table's where kw and accs are the
+    # table's, else True.
+    row_swizzle: bool | None = None
 
     def as_dict(self) -> dict:
         d: dict = {}
         for key in ("splits", "kw", "accs"):
             if getattr(self, key) is not None:
                 d[key] = int(getattr(self, key))
-        if self.cluster_balance is not None:
-            d["cluster_balance"] = bool(self.cluster_balance)
+        for key in ("cluster_balance", "row_swizzle"):
+            if getattr(self, key) is not None:
+                d[key] = bool(getattr(self, key))
         for key in ("token_tile", "row_tiles"):
             per_m = getattr(self, key)
             if isinstance(per_m, Mapping):

@@ -63,12 +63,21 @@ class Tactics(unittest.TestCase):
     def test_table_tactics_round_trip(self):
         for n, k in [(8192, 4096), (4096, 4096), (2048, 4096), (1024, 4096), (4096, 8192)]:
             t = _C.unpooler_tactic(n, k)
-            self.assertEqual(sorted(t), ["accs", "cluster_balance", "kw", "row_tiles", "splits", "token_tile"])
+            self.assertEqual(sorted(t), ["accs", "cluster_balance", "kw", "row_swizzle", "row_tiles", "splits",
+                                         "token_tile"])
             self.assertEqual(len(t["token_tile"]), _C.UNPOOLER_MAX_M)
             self.assertIsNone(_C.tactic_unsupported(n, k, t), (n, k, t))
             self.assertIsNone(_C.tactic_unsupported(n, k, {}))  # the table's, by default
         self.assertIn("N=8192 K=4096", _C.format_unpooler_tactic_table())
         self.assertTrue(_C.format_pooler_gemm_table())
+
+    def test_row_swizzle_follows_kw_and_accs(self):
+        # tp 8's table tactic has fragment-order loads (kw=256 accs=1 only):
+        # another kw gets the swizzled loads unless asked otherwise.
+        self.assertFalse(_C.unpooler_tactic(1024, 4096)["row_swizzle"])
+        self.assertIsNone(_C.tactic_unsupported(1024, 4096, {"kw": 128, "accs": 2}))
+        self.assertIn("unswizzled", _C.tactic_unsupported(1024, 4096, {"kw": 128, "row_swizzle": False}))
+        self.assertIsNone(_C.tactic_unsupported(8192, 4096, {"row_swizzle": False, "accs": 1}))
 
     def test_bad_tactic_fields(self):
         with self.assertRaisesRegex(_C.InvalidArgument, "token_tile needs one entry per m in 1..16"):

@@ -165,6 +165,9 @@ const std::vector<UnpoolerTacticEntry>& unpooler_tactic_table() {
   static const char* kMeasured =
       "H200, 2026-12-02, unpooler_tune{,_pdl}_2026-12-02_d8f8ee3: lowest sum of the two modes' "
       "mean us over M 1, 2, 4, 8, 16";
+  static const char* kMeasuredTp8 =
+      "H200, 2026-12-02, unpooler_tune{,_pdl}_tp8_2026-12-02_b54ffc4 (with fragment-order loads): lowest "
+      "sum of the two modes' mean us over M 1, 2, 4, 8, 16";
   static const char* kMeasuredPooler =
       "H200, 2026-12-02, unpooler_tune_pooler_shapes{,_pdl}_2026-12-02_d8f8ee3: lowest sum of "
       "the two modes' mean us over M 4, 8, 16";
@@ -183,9 +186,9 @@ const std::vector<UnpoolerTacticEntry>& unpooler_tactic_table() {
       // costs more than its coalescing gains. 4.86 / 3.06 at M = 1, 5.07 / 3.20
       // at 8, 5.97 / 4.65 at 16; swizzled 4.94 / 3.23, 5.25 / 3.26, 6.02 / 4.52;
       // the best swizzled tactic (S=4 kw=128 accs=2 balanced) 4.87 / 3.31,
-      // 5.15 / 3.41, 5.87 / 3.69 (unpooler_tune{,_pdl}_2026-12-02_b54ffc4, tp 8
-      // only, lowest sum of both modes with one row tiling per M for both).
-      {kMuseSpark.hidden / 8, kMuseSpark.pooled, unswizzled(make_tactic(1, 256, 1, 9)), kMeasured},
+      // 5.15 / 3.41, 5.87 / 3.69 (unpooler_tune{,_pdl}_tp8_2026-12-02_b54ffc4,
+      // lowest sum of both modes with one row tiling per M for both).
+      {kMuseSpark.hidden / 8, kMuseSpark.pooled, unswizzled(make_tactic(1, 256, 1, 9)), kMeasuredTp8},
       // The pooler GEMM's shapes N = P / tp at K = H, which the Pooler's MMA
       // engine serves from b = 2 on (b = 3 at tp 1): `tune unpooler
       // --pooler-shapes --m 4,8,16`, both modes, each clustered tactic under

@@ -8,8 +8,8 @@
 // the L2 serves as many x bytes as weight bytes and, not HBM, sets the pace
 // (bench/NOTES.md); R = 2 halves that traffic, and half as many, larger
 // CTAs fit the grid in fewer waves. (What M = 16 still costs over M = 8 at
-// R = 2 is mostly the second n8 MMA of every step, not x: measured.) A row's arithmetic is the same for
-// every R (below), so R may change with m.
+// R = 2 is mostly the second n8 MMA of every step, not x: measured.) A row's
+// arithmetic is the same for every R (below), so R may change with m.
 //
 // Why this shape: at m <= 16 the GEMM is a pure weight stream (16 bytes of W
 // per 2..32 FLOP), so the kernel's only job is to keep enough weight bytes in

@@ -159,9 +159,10 @@ const std::vector<UnpoolerTacticEntry>& unpooler_tactic_table() {
   // weights) twice: with PDL off (`graph`) and in a PDL chain (`--pdl`).
   // S, kw and accs fix the bits, so one choice serves both modes (PDL on
   // must equal off); it is the lowest sum of the two modes' mean time over
-  // M, taking the best row tiling at each M (token tile 8 serves M 1..8, 16
-  // serves 9..16). Figures below: PDL off / PDL chain, us, at M = 1 .. 16
-  // (or 4, 8, 16 at the pooler's shapes), from the row-swizzled kernel.
+  // M, with at each M the row tiling of the lowest sum of the two modes
+  // (one choice serves both; token tile 8 serves M 1..8, 16 serves 9..16):
+  // tools/rank_tune.py. Figures below: PDL off / PDL chain, us, at M = 1 ..
+  // 16 (or 4, 8, 16 at the pooler's shapes), from the row-swizzled kernel.
   static const char* kMeasured =
       "H200, 2026-12-02, unpooler_tune{,_pdl}_2026-12-02_d8f8ee3: lowest sum of the two modes' "
       "mean us over M 1, 2, 4, 8, 16";
@@ -178,9 +179,10 @@ const std::vector<UnpoolerTacticEntry>& unpooler_tactic_table() {
       // 10.31 / 7.87 at M = 1, 10.44 / 8.23 at 8, 11.50 / 9.02 at 16: the PDL
       // chain 0.3-0.8 us faster than accs=1 without balancing at equal PDL-off times.
       {kMuseSpark.hidden / 2, kMuseSpark.pooled, balanced(make_tactic(2, 256, 2, 9, 1, 16)), kMeasured},
-      // One row tile: 6.77 / 5.15 at M = 1, 7.21 / 5.58 at 8, 7.94 / 6.34 at 16
-      // (two: 0.08 us faster at M = 8 and 16 with PDL off, 0.7 slower in the chain at 16).
-      {kMuseSpark.hidden / 4, kMuseSpark.pooled, balanced(make_tactic(2, 256, 1, 9)), kMeasured},
+      // One row tile but at M = 8: 6.77 / 5.15 at M = 1, 7.12 / 5.45 at 8 (one
+      // tile 7.21 / 5.58), 7.94 / 6.34 at 16 (two: 7.87 / 7.05). M 5..7 were not
+      // measured and keep one tile, which won at M = 4 (6.97 / 5.31 vs 7.04 / 5.34).
+      {kMuseSpark.hidden / 4, kMuseSpark.pooled, balanced(make_tactic(2, 256, 1, 9, 8, 8)), kMeasured},
       // Fragment-order loads: 64 CTAs leave half the SMs idle, so the grid is
       // latency-bound and the row swizzle's exchange after griddepcontrol.wait
       // costs more than its coalescing gains. 4.86 / 3.06 at M = 1, 5.07 / 3.20

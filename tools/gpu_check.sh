@@ -86,6 +86,12 @@ if has tune-pdl; then
   say "tune --pdl $(date -u +%T)"
   build/h200/spark-decode tune unpooler --pdl --out "$OUT" 2>&1 | tee -a "$LOG" || rc=1
   build/h200/spark-decode tune unpooler --pdl --pooler-shapes --m 4,8,16 --out "$OUT" 2>&1 | tee -a "$LOG" || rc=1
+  # Where both modes were tuned in this $OUT: the ranking the table follows.
+  for s in "" _pooler_shapes; do
+    off=$(ls -t "$OUT"/unpooler_tune${s}_2*.json 2>/dev/null | head -1)
+    pdl=$(ls -t "$OUT"/unpooler_tune${s}_pdl_2*.json 2>/dev/null | head -1)
+    [ -n "$off" ] && [ -n "$pdl" ] && python3 tools/rank_tune.py "$off" "$pdl" --top 4 2>&1 | tee -a "$LOG"
+  done
 fi
 if has tune-pooler; then
   # The pooler GEMM's engine table: every engine and skinny shape in a PDL

@@ -182,6 +182,8 @@ const std::vector<UnpoolerTacticEntry>& unpooler_tactic_table() {
       // One row tile but at M = 8: 6.77 / 5.15 at M = 1, 7.12 / 5.45 at 8 (one
       // tile 7.21 / 5.58), 7.94 / 6.34 at 16 (two: 7.87 / 7.05). M 5..7 were not
       // measured and keep one tile, which won at M = 4 (6.97 / 5.31 vs 7.04 / 5.34).
+      // Checked in a bench run of this table: 7.09 / 5.36 at M = 8 against one
+      // tile's 7.11-7.18 / 5.54-5.58 in earlier runs (unpooler_tp4_2026-12-02_ff6a400).
       {kMuseSpark.hidden / 4, kMuseSpark.pooled, balanced(make_tactic(2, 256, 1, 9, 8, 8)), kMeasured},
       // Fragment-order loads: 64 CTAs leave half the SMs idle, so the grid is
       // latency-bound and the row swizzle's exchange after griddepcontrol.wait

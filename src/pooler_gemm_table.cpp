@@ -103,8 +103,7 @@ PoolerGemmChoice mma() {
 // modes at every tp (tp 1, b = 2: 18.1 / 15.6 against the best skinny
 // shape's 18.3 / 16.8), its time flat in b while the skinny GEMM's
 // CUDA-core FMAs and its per-4-rows re-reads of x grow with b.
-PoolerGemmChoice table_entry(int tp, int b) {
-  (void)tp;
+PoolerGemmChoice table_entry(int b) {
   if (b == 1) return skinny(512, 4, 2);
   return mma();
 }
@@ -113,7 +112,7 @@ PoolerGemmChoice table_entry(int tp, int b) {
 
 PoolerGemmChoice pooler_gemm_choice(int n, int k, int tp, int b) {
   if (k == kMuseSpark.hidden && tp >= 1 && n * tp == kMuseSpark.pooled) {
-    PoolerGemmChoice c = table_entry(tp, b);
+    PoolerGemmChoice c = table_entry(b);
     if (!pooler_choice_unsupported(n, k, b, c)) return c;
   }
   for (const auto& s : pooler_gemm_shapes())

@@ -49,7 +49,7 @@ def rank(off, pdl):
             ms = sorted({m for m, _ in a})
             per_m = []
             for m in ms:
-                both = [(a[(m, r)] + b[(m, r)], r) for r in (1, 2, 4) if (m, r) in a and (m, r) in b]
+                both = [(a[(m, r)] + b[(m, r)], r) for mm, r in a if mm == m and (m, r) in b]
                 if not both:
                     break
                 _, r = min(both)

@@ -24,6 +24,9 @@ struct UnpoolerBenchOptions {
   // tp at the first m (spark_decode/trace.h; a -DSPARK_DECODE_TRACE=ON
   // build) into <trace>_unpooler_tp<tp>_m<m>.csv.
   std::string trace;
+  // bench: also time the streaming MMA GEMM of bench/ring_gemm.cuh (a
+  // diagnostic, not an engine) at the tp 1 and 2 unpooler and pooler shapes.
+  bool ring = false;
 };
 
 // Ours (graph and pdl_chain) against the fastest cuBLASLt algorithm, per tp

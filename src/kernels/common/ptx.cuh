@@ -59,6 +59,28 @@ __device__ __forceinline__ uint4 ld_stream_v4(const void* ptr, uint64_t policy) 
   return v;
 }
 
+// 16 bytes of weights copied into this thread's shared memory without a
+// register (cp.async, Ampere's LDGSTS): the copy stays in flight while the
+// thread computes, so a ring of stages keeps the weight stream going through
+// the MMAs. Same L2 policy as ld_stream_v4. Completes in commit groups:
+// cp_async_commit() closes one, cp_async_wait<n>() waits until at most n of
+// this thread's groups are pending; other lanes see the bytes after a
+// __syncwarp() (or a CTA barrier) that follows their own wait.
+__device__ __forceinline__ void cp_async_stream_16(uint32_t dst, const void* src, uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "l"(policy)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr) : "memory");
+  return v;
+}
+
 // 16 bytes written by an earlier grid (activations). A plain C++ load, not
 // asm: the compiler may batch and hoist these (volatile asm loads would be
 // issued one dependent MMA at a time), yet never above griddep_wait, whose

@@ -85,7 +85,7 @@ std::vector<std::string> ring_diagnostic(int n, int k, const std::vector<int>& m
                                 weights.copies, repeats, stream);
     char buf[256];
     int len = std::snprintf(buf, sizeof buf, "ring diagnostic N=%d K=%d m=%d: Unpooler %.2f us", n, k, m, g);
-    for (int variant : {0, 1}) {
+    for (int variant : {0, 1, 2}) {
       if (variant == 1 && m > 8) continue;
       const double r = time_graph(
           [&](cudaStream_t s, int c) { enqueue_ring_gemm(weights.copy(c), x.get(), out2.get(), n, k, m, variant, s); },
@@ -104,7 +104,7 @@ std::vector<std::string> ring_diagnostic(int n, int k, const std::vector<int>& m
         diff = std::max(diff, std::isfinite(v) ? std::abs(u - v) : 1e30);  // unwritten (0xffff: NaN) fails
       }
       len += std::snprintf(buf + len, sizeof buf - len, ", ring (x %s) %.2f us (max diff %.1e)",
-                           variant ? "in registers" : "per stage", r, diff / big);
+                           variant == 0 ? "per stage" : variant == 1 ? "in registers" : "one stage ahead", r, diff / big);
     }
     std::printf("  %s\n", buf);
     lines.push_back(buf);

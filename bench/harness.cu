@@ -157,12 +157,17 @@ void ring_dispatch(const kernels::PoolerGemmArgs& args, int variant, int tile, c
     if (prepare || args.k == 8192) launch_ring<8, 3, 8, 8>(args, stream, prepare);
     return;
   }
+  if (variant == 2) {
+    // x loaded one stage ahead into registers.
+    tile == 8 ? launch_ring<8, 3, 8, -1>(args, stream, prepare) : launch_ring<8, 3, 16, -1>(args, stream, prepare);
+    return;
+  }
   tile == 8 ? launch_ring<8, 3, 8>(args, stream, prepare) : launch_ring<8, 3, 16>(args, stream, prepare);
 }
 }  // namespace
 
 void prepare_ring_gemm() {
-  for (int v : {0, 1})
+  for (int v : {0, 1, 2})
     for (int tile : {8, 16}) ring_dispatch({}, v, tile, nullptr, true);
 }
 

@@ -109,6 +109,19 @@ __global__ void __launch_bounds__(32 * W, 1) ring_gemm_kernel(const PoolerGemmAr
   // in registers, loaded once after the wait.
   constexpr int kXv = XSPT > 0 ? XSPT * kV : 1;
   uint4 xr[kXv][kNt];
+  // XSPT < 0: each stage's x loaded into registers one stage ahead: xb
+  // holds the next stage's, copied into xa (this stage's) as it begins.
+  uint4 xa[kV][kNt], xb[kV][kNt];
+#define RING_LOAD_X(dst, jj)                                                                              \
+  do {                                                                                                    \
+    const int kx_ = warp * kw + ((jj) % spt) * ring::kStageK + t * 8;                                     \
+    _Pragma("unroll") for (int v = 0; v < kV; ++v) _Pragma("unroll") for (int nt = 0; nt < kNt; ++nt) {  \
+      const int token = nt * 8 + g;                                                                       \
+      dst[v][nt] = (jj) < total && token < a.m ? ptx::ld_v4(a.x + size_t(token) * k + kx_ + v * kUnpoolerBlockK) \
+                                               : make_uint4(0, 0, 0, 0);                                  \
+    }                                                                                                     \
+  } while (0)
+  if constexpr (XSPT < 0) RING_LOAD_X(xb, 0);
   if constexpr (XSPT > 0) {
 #pragma unroll
     for (int v = 0; v < kXv; ++v)
@@ -127,6 +140,13 @@ __global__ void __launch_bounds__(32 * W, 1) ring_gemm_kernel(const PoolerGemmAr
     const int j = jo + ji;
     const int ks = XSPT > 0 ? ji : j % spt, s = j % D;
     const int tile_i = j / spt;
+    if constexpr (XSPT < 0) {
+#pragma unroll
+      for (int v = 0; v < kV; ++v)
+#pragma unroll
+        for (int nt = 0; nt < kNt; ++nt) xa[v][nt] = xb[v][nt];
+      RING_LOAD_X(xb, j + 1);
+    }
     if (ks == 0) {
 #pragma unroll
       for (int r = 0; r < 2; ++r)
@@ -160,6 +180,8 @@ __global__ void __launch_bounds__(32 * W, 1) ring_gemm_kernel(const PoolerGemmAr
           const int token = nt * 8 + g;
           if constexpr (XSPT > 0)
             xv[nt] = xr[ks * kV + v][nt];
+          else if constexpr (XSPT < 0)
+            xv[nt] = xa[v][nt];
           else
             xv[nt] = token < a.m ? ptx::ld_v4(a.x + size_t(token) * k + kb + v * kUnpoolerBlockK)
                                  : make_uint4(0, 0, 0, 0);
@@ -213,5 +235,7 @@ __global__ void __launch_bounds__(32 * W, 1) ring_gemm_kernel(const PoolerGemmAr
   }
   ptx::cp_async_wait<0>();
 }
+
+#undef RING_LOAD_X
 
 }  // namespace spark_decode::bench

@@ -24,8 +24,8 @@ struct UnpoolerBenchOptions {
   // tp at the first m (spark_decode/trace.h; a -DSPARK_DECODE_TRACE=ON
   // build) into <trace>_unpooler_tp<tp>_m<m>.csv.
   std::string trace;
-  // bench: also time the streaming MMA GEMM of bench/ring_gemm.cuh (a
-  // diagnostic, not an engine) at the tp 1 and 2 unpooler and pooler shapes.
+  // bench: also time the pooler GEMM's ring engine at each tp's unpooler
+  // shape (a diagnostic: SPEC §2.1 excludes staging for the unpooler).
   bool ring = false;
 };
 

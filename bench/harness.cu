@@ -9,7 +9,6 @@
 #include <thread>
 
 #include "kernels/common/ptx.cuh"
-#include "ring_gemm.cuh"
 #include "spark_decode/error.h"
 #include "spark_decode/group.h"
 #include "spark_decode/trace.h"
@@ -135,50 +134,6 @@ void enqueue_empty(cudaStream_t stream) {
 // Where read_kernel may write: a global, so that enqueueing allocates nothing
 // (it is captured into graphs).
 __device__ uint32_t g_read_sink;
-
-namespace {
-template <int W, int D, int TILE, int XSPT = 0>
-void launch_ring(const kernels::PoolerGemmArgs& args, cudaStream_t stream, bool prepare) {
-  auto fn = ring_gemm_kernel<W, D, TILE, 2, XSPT>;
-  const int smem = ring::smem_bytes(W, D, TILE);
-  if (prepare) {
-    CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    return;
-  }
-  const int tiles = args.n / ring::kRows;
-  const int grid = std::min(tiles, device_attribute(cudaDevAttrMultiProcessorCount));
-  fn<<<grid, 32 * W, smem, stream>>>(args);
-  SPARK_CHECK_LAUNCH();
-}
-void ring_dispatch(const kernels::PoolerGemmArgs& args, int variant, int tile, cudaStream_t stream, bool prepare) {
-  if (variant == 1) {
-    // x held in registers (m <= 8): K / (8 warps x 128) stages per tile.
-    if (prepare || args.k == 4096) launch_ring<8, 3, 8, 4>(args, stream, prepare);
-    if (prepare || args.k == 8192) launch_ring<8, 3, 8, 8>(args, stream, prepare);
-    return;
-  }
-  if (variant == 2) {
-    // x loaded one stage ahead into registers.
-    tile == 8 ? launch_ring<8, 3, 8, -1>(args, stream, prepare) : launch_ring<8, 3, 16, -1>(args, stream, prepare);
-    return;
-  }
-  tile == 8 ? launch_ring<8, 3, 8>(args, stream, prepare) : launch_ring<8, 3, 16>(args, stream, prepare);
-}
-}  // namespace
-
-void prepare_ring_gemm() {
-  for (int v : {0, 1, 2})
-    for (int tile : {8, 16}) ring_dispatch({}, v, tile, nullptr, true);
-}
-
-void enqueue_ring_gemm(const void* w, const void* x, void* out, int n, int k, int m, int variant,
-                       cudaStream_t stream) {
-  SPARK_CHECK(variant != 1 || (m <= 8 && (k == 4096 || k == 8192)), "ring variant 1: m <= 8, K 4096 or 8192");
-  SPARK_CHECK(n % ring::kRows == 0 && k % (8 * ring::kStageK) == 0, "ring gemm shape");
-  kernels::PoolerGemmArgs args{static_cast<const __nv_bfloat16*>(w), static_cast<const __nv_bfloat16*>(x),
-                               static_cast<__nv_bfloat16*>(out), n, k, m, {}};
-  ring_dispatch(args, variant, m <= 8 ? 8 : 16, stream, false);
-}
 
 void enqueue_read(const void* p, size_t bytes, cudaStream_t stream) {
   uint32_t* sink = nullptr;

@@ -110,14 +110,6 @@ void prepare_bulk_read();
 void enqueue_bulk_read(const void* p, size_t bytes, int copy, int ctas_per_sm, cudaStream_t stream, int rows = 1,
                        int row_bytes = 0);
 
-// Diagnostic: the streaming MMA GEMM of bench/ring_gemm.cuh (8 warps x 3
-// stages, one CTA per SM) at [n, k] = W, x [m, k] -> out [m, n]; variant 0
-// reads x per stage, 1 holds all of it in registers (m <= 8, K 4096 or
-// 8192), 2 loads each stage's x into registers one stage ahead.
-// prepare_ring_gemm() once per device first (not under capture).
-void prepare_ring_gemm();
-void enqueue_ring_gemm(const void* w, const void* x, void* out, int n, int k, int m, int variant,
-                       cudaStream_t stream);
 // Fills `count` BF16 at `p` with N(0,1) draws (device-side, fast).
 void fill_random_bf16(void* p, size_t count, uint64_t seed, cudaStream_t stream = nullptr);
 

@@ -1,9 +1,11 @@
 // The pooler GEMM: kernel selection, validation and launch of the skinny
-// GEMM, and the engine choice per batch (skinny or the Unpooler's MMA engine).
+// GEMM and the ring engine, and the engine choice per batch (skinny, the
+// Unpooler's MMA engine, or ring).
 #include <algorithm>
 
 #include "cuda_utils.h"
 #include "kernels/common/launch.cuh"
+#include "kernels/pooler/ring_gemm.cuh"
 #include "kernels/pooler/skinny_gemm.cuh"
 #include "publish_target.cuh"
 #include "spark_decode/error.h"
@@ -51,6 +53,25 @@ void launch_skinny(const PoolerGemmShape& s, const void* w, const void* x, void*
   shape.block = dim3(s.block_size);
   shape.enable_pdl = enable_pdl;
   kernels::launch(skinny_kernel(s, m), shape, stream, args);
+}
+
+static_assert(kernels::ring::kRows == kPoolerRingRows && kernels::ring::kKMultiple == kPoolerRingKMultiple,
+              "keep the ring engine's public constants in step with its kernel");
+
+SkinnyFn ring_kernel(int m) { return m <= 8 ? kernels::ring_gemm_kernel<8> : kernels::ring_gemm_kernel<16>; }
+int ring_tile(int m) { return m <= 8 ? 8 : 16; }
+
+void launch_ring(const void* w, const void* x, void* out, int n, int k, int m, int ctas, cudaStream_t stream,
+                 bool enable_pdl, const LamportMailbox* publish_into) {
+  kernels::PoolerGemmArgs args{static_cast<const __nv_bfloat16*>(w), static_cast<const __nv_bfloat16*>(x),
+                               static_cast<__nv_bfloat16*>(out), n, k, m, {}};
+  if (publish_into) args.publish = publish_target(*publish_into);
+  kernels::LaunchShape shape;
+  shape.grid = dim3(ctas);
+  shape.block = dim3(32 * kernels::ring::kWarps);
+  shape.smem_bytes = kernels::ring::smem_bytes(ring_tile(m));
+  shape.enable_pdl = enable_pdl;
+  kernels::launch(ring_kernel(m), shape, stream, args);
 }
 
 void check_operands(const void* w, const void* x, void* out, int n, int k, int m) {
@@ -122,6 +143,19 @@ PoolerGemm::PoolerGemm(const TensorRef& weight, int tp, Options options)
       cudaFuncAttributes attrs;
       CUDA_CHECK(cudaFuncGetAttributes(&attrs, skinny_kernel(choice_[b - 1]->shape, b)));
     }
+  // The ring engine: its shared memory (the same for every caller of a
+  // kernel, so setting it cannot lower another's), one CTA per SM.
+  for (int b : batches)
+    if (choice_[b - 1]->engine == PoolerGemmEngine::ring) {
+      const int smem = kernels::ring::smem_bytes(ring_tile(b));
+      int optin = 0, sms = 0;
+      CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
+      CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_));
+      SPARK_CHECK_RUNTIME(smem <= optin, "pooler GEMM ring engine: needs ", smem,
+                          " bytes of shared memory per block; cuda:", device_, " allows ", optin);
+      CUDA_CHECK(cudaFuncSetAttribute(ring_kernel(b), cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      ring_ctas_ = std::min(n_ / kPoolerRingRows, sms);
+    }
 }
 
 PoolerGemm::~PoolerGemm() = default;
@@ -140,6 +174,8 @@ void PoolerGemm::launch(const void* x, void* out, int m, cudaStream_t stream, bo
   detail::require_current_device(device_, "the pooler GEMM");
   if (c.engine == PoolerGemmEngine::mma)
     (publish ? mma_publish_ : mma_)->run(x, out, m, stream);
+  else if (c.engine == PoolerGemmEngine::ring)
+    launch_ring(weight_, x, out, n_, k_, m, ring_ctas_, stream, enable_pdl_, publish ? mailbox_ : nullptr);
   else
     launch_skinny(c.shape, weight_, x, out, n_, k_, m, stream, enable_pdl_, publish ? mailbox_ : nullptr);
 }

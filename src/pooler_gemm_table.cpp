@@ -16,11 +16,19 @@ std::string PoolerGemmShape::to_string() const {
 }
 
 const char* engine_name(PoolerGemmEngine engine) {
-  return engine == PoolerGemmEngine::skinny ? "skinny" : "mma";
+  switch (engine) {
+    case PoolerGemmEngine::skinny: return "skinny";
+    case PoolerGemmEngine::mma: return "mma";
+    default: return "ring";
+  }
 }
 
 std::string PoolerGemmChoice::to_string() const {
-  return engine == PoolerGemmEngine::skinny ? shape.to_string() : std::string("mma(Unpooler engine)");
+  switch (engine) {
+    case PoolerGemmEngine::skinny: return shape.to_string();
+    case PoolerGemmEngine::mma: return "mma(Unpooler engine)";
+    default: return "ring(cp.async stages)";
+  }
 }
 
 const std::vector<PoolerGemmShape>& pooler_gemm_shapes() {
@@ -62,6 +70,15 @@ std::optional<std::string> pooler_gemm_unsupported(int n, int k, int m, const Po
 
 std::optional<std::string> pooler_choice_unsupported(int n, int k, int m, const PoolerGemmChoice& c) {
   if (c.engine == PoolerGemmEngine::skinny) return pooler_gemm_unsupported(n, k, m, c.shape);
+  if (c.engine == PoolerGemmEngine::ring) {
+    if (m < 1 || m > kPoolerMaxBatch)
+      return detail::concat("pooler GEMM: m = ", m, " outside [1, ", kPoolerMaxBatch, "]");
+    if (n <= 0 || n % kPoolerRingRows)
+      return detail::concat("pooler GEMM ring engine: N = ", n, " is not a positive multiple of ", kPoolerRingRows);
+    if (k <= 0 || k % kPoolerRingKMultiple)
+      return detail::concat("pooler GEMM ring engine: K = ", k, " is not a positive multiple of ",
+                            kPoolerRingKMultiple, " (8 warps x 128)");
+  }
   return std::nullopt;
 }
 
@@ -69,6 +86,8 @@ std::vector<PoolerGemmChoice> pooler_gemm_candidates() {
   std::vector<PoolerGemmChoice> out;
   PoolerGemmChoice c;
   c.engine = PoolerGemmEngine::mma;
+  out.push_back(c);
+  c.engine = PoolerGemmEngine::ring;
   out.push_back(c);
   c.engine = PoolerGemmEngine::skinny;
   for (const auto& s : pooler_gemm_shapes()) {

@@ -18,6 +18,7 @@ const char* kernel_name(uint16_t kernel) {
     case kPublish: return "publish";
     case kGather: return "gather";
     case kNormQuantGather: return "norm_quant_gather";
+    case kRingGemm: return "ring_gemm";
     default: return "unknown";
   }
 }

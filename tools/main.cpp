@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
   bench_unpooler->add_option("--publish-tp", publish_tp, "GPUs for --publish");
   bench_unpooler->add_option("--trace", opts.trace, "path prefix of per-CTA timelines (a -DSPARK_DECODE_TRACE=ON build)");
   bench_unpooler->add_flag("--ring", opts.ring,
-                           "also the streaming MMA GEMM diagnostic (bench/ring_gemm.cuh) at tp 1 and 2 shapes");
+                           "also the pooler GEMM's ring engine at the unpooler's shapes (a diagnostic)");
   sd::bench::GatherBenchOptions gather_opts;
   gather_opts.out_dir = opts.out_dir;
   auto* bench_gather = bench->add_subcommand("gather", "mailbox publish + gather against ncclAllGather (tp GPUs)");

@@ -3,13 +3,16 @@
 //   out[m, N] = x[m, K] @ W[N, K]^T      BF16 in and out, FP32 accumulation
 //
 // W this rank's [P / tp, H] rows of the pooler weight (N = P / tp, K = H),
-// 1 <= m <= 16. Two engines, chosen per (tp, b) by a tactic table:
+// 1 <= m <= 16. Three engines, chosen per (tp, b) by a tactic table:
 //   skinny  our skinny GEMM (src/kernels/pooler/skinny_gemm.cuh) at a launch
 //           shape (block_size, outputs_per_block, k_unroll) (the seed's);
 //   mma     the Unpooler's split-K tensor-core engine (spark_decode::Unpooler
-//           used as a GEMM over this weight).
-// Both are bitwise reproducible and batch invariant for a fixed engine and
-// shape (SPEC §5); the two engines sum in different orders, so their results
+//           used as a GEMM over this weight);
+//   ring    a streaming tensor-core GEMM whose weights reach the MMA through
+//           per-warp rings of shared-memory stages filled by cp.async, one
+//           CTA per SM (src/kernels/pooler/ring_gemm.cuh).
+// Each is bitwise reproducible and batch invariant for a fixed engine and
+// shape (SPEC §5); the engines sum in different orders, so their results
 // differ in the last bits, and a row's result depends on which engine the
 // table picks for the batch size it runs at. The Pooler uses one engine per
 // b (see Pooler).
@@ -18,7 +21,9 @@
 //   W    BF16 [N, K] contiguous, 16-byte aligned, device memory of compute
 //        capability 9.0+ (RuntimeError below); N % outputs_per_block == 0
 //        and K % (8 block_size k_unroll) == 0 for a skinny shape; the
-//        Unpooler's own conditions for mma (Unpooler::unsupported);
+//        Unpooler's own conditions for mma (Unpooler::unsupported); N % 32
+//        == 0 and K % 1024 == 0 for ring, whose 224 KiB of shared memory
+//        per CTA the device must allow (RuntimeError otherwise);
 //   x    BF16 [m, K] contiguous 16-byte aligned on W's device;
 //   out  BF16 [m, N] contiguous 16-byte aligned on W's device, not
 //        overlapping x; m one of the batches prepared at construction;
@@ -52,6 +57,10 @@ class LamportMailbox;
 class Unpooler;
 
 inline constexpr int kPoolerMaxBatch = 16;
+// The ring engine's granularity: rows per tile, and the K every warp's
+// stages divide (8 warps x 128).
+inline constexpr int kPoolerRingRows = 32;
+inline constexpr int kPoolerRingKMultiple = 1024;
 
 // Launch shape of the skinny GEMM: block_size threads per CTA over K,
 // outputs_per_block columns per CTA, k_unroll 16-byte weight vectors per
@@ -64,12 +73,12 @@ struct PoolerGemmShape {
   bool operator==(const PoolerGemmShape&) const = default;
 };
 
-enum class PoolerGemmEngine { skinny, mma };
+enum class PoolerGemmEngine { skinny, mma, ring };
 const char* engine_name(PoolerGemmEngine engine);
 
 struct PoolerGemmChoice {
   PoolerGemmEngine engine = PoolerGemmEngine::skinny;
-  PoolerGemmShape shape;  // for skinny
+  PoolerGemmShape shape;  // for skinny (ignored by the others)
   std::string to_string() const;
 };
 
@@ -77,11 +86,12 @@ struct PoolerGemmChoice {
 const std::vector<PoolerGemmShape>& pooler_gemm_shapes();
 // Why the skinny GEMM cannot run [n, k] at `shape` for m rows, or nullopt.
 std::optional<std::string> pooler_gemm_unsupported(int n, int k, int m, const PoolerGemmShape& shape);
-// Every engine at every shape it offers, mma first (for tests, benchmarks
-// and tuning: what `Options::force` can name).
+// Every engine at every shape it offers, mma and ring first (for tests,
+// benchmarks and tuning: what `Options::force` can name).
 std::vector<PoolerGemmChoice> pooler_gemm_candidates();
 // Why `choice` cannot serve [n, k] at m rows, or nullopt (mma: nullopt; the
-// Unpooler checks its own conditions at construction).
+// Unpooler checks its own conditions at construction; ring: its shape rules,
+// the device's shared memory at construction).
 std::optional<std::string> pooler_choice_unsupported(int n, int k, int m, const PoolerGemmChoice& choice);
 
 // The tactic table: for the model's shapes (N = P / tp, K = H) the entry of
@@ -134,6 +144,7 @@ class PoolerGemm {
   std::unique_ptr<Unpooler> mma_;
   LamportMailbox* mailbox_ = nullptr;
   std::unique_ptr<Unpooler> mma_publish_;  // the MMA engine publishing into mailbox_
+  int ring_ctas_ = 0;                      // the ring engine's grid: min(N / 32, SMs)
 
   void launch(const void* x, void* out, int m, cudaStream_t stream, bool publish) const;
 };

@@ -27,7 +27,8 @@ enum Kernel : uint16_t {
   kSkinnyGemm = 2,      // the pooler GEMM's skinny engine
   kPublish = 3,         // LamportMailbox::publish
   kGather = 4,          // LamportMailbox::gather
-  kNormQuantGather = 5  // the Pooler's fused gather + norm + NVFP4
+  kNormQuantGather = 5,  // the Pooler's fused gather + norm + NVFP4
+  kRingGemm = 6          // the pooler GEMM's ring engine
 };
 const char* kernel_name(uint16_t kernel);
 

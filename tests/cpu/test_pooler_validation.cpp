@@ -147,15 +147,37 @@ TEST(PoolerGemmShapes, TableCoversEveryModelShapeAndBatch) {
 
 TEST(PoolerGemmShapes, CandidatesNameEveryEngineAndShapeOnce) {
   const auto all = sd::pooler_gemm_candidates();
-  ASSERT_EQ(all.size(), 1 + sd::pooler_gemm_shapes().size());
-  EXPECT_EQ(all.front().engine, sd::PoolerGemmEngine::mma);
-  for (size_t i = 1; i < all.size(); ++i) {
+  ASSERT_EQ(all.size(), 2 + sd::pooler_gemm_shapes().size());
+  EXPECT_EQ(all[0].engine, sd::PoolerGemmEngine::mma);
+  EXPECT_EQ(all[1].engine, sd::PoolerGemmEngine::ring);
+  for (size_t i = 2; i < all.size(); ++i) {
     EXPECT_EQ(all[i].engine, sd::PoolerGemmEngine::skinny);
-    EXPECT_EQ(all[i].shape, sd::pooler_gemm_shapes()[i - 1]);
+    EXPECT_EQ(all[i].shape, sd::pooler_gemm_shapes()[i - 2]);
   }
   // The skinny shape's own reasons; the MMA engine's are the Unpooler's, at construction.
-  const auto skinny = all[1];
+  const auto skinny = all[2];
   EXPECT_EQ(sd::pooler_choice_unsupported(2049, 8192, 1, skinny), sd::pooler_gemm_unsupported(2049, 8192, 1, skinny.shape));
   EXPECT_TRUE(sd::pooler_choice_unsupported(2049, 8192, 1, skinny));  // N odd
   EXPECT_FALSE(sd::pooler_choice_unsupported(2049, 8192, 1, all.front()));
+  EXPECT_STREQ(sd::engine_name(all[1].engine), "ring");
+}
+
+TEST(PoolerGemmShapes, RingEngineGivesItsReasons) {
+  const sd::PoolerGemmChoice ring{sd::PoolerGemmEngine::ring, {}};
+  for (int tp : sd::kTensorParallelSizes)
+    for (int b = 1; b <= sd::kPoolerMaxBatch; ++b)
+      EXPECT_FALSE(sd::pooler_choice_unsupported(sd::kMuseSpark.pooled / tp, sd::kMuseSpark.hidden, b, ring))
+          << "tp " << tp << " b " << b;
+  auto reason = [&](int n, int k, int m) {
+    const auto why = sd::pooler_choice_unsupported(n, k, m, ring);
+    return why ? *why : std::string("(none)");
+  };
+  EXPECT_NE(reason(2048 + 16, 8192, 1).find("N = 2064 is not a positive multiple of 32"), std::string::npos)
+      << reason(2048 + 16, 8192, 1);
+  EXPECT_NE(reason(2048, 8192 - 512, 1).find("K = 7680 is not a positive multiple of 1024"), std::string::npos)
+      << reason(2048, 8192 - 512, 1);
+  EXPECT_NE(reason(0, 8192, 1).find("N = 0"), std::string::npos);
+  EXPECT_NE(reason(2048, 8192, 0).find("m = 0 outside [1, 16]"), std::string::npos) << reason(2048, 8192, 0);
+  EXPECT_NE(reason(2048, 8192, 17).find("m = 17"), std::string::npos);
+  EXPECT_EQ(sd::PoolerGemmChoice(ring).to_string(), "ring(cp.async stages)");
 }

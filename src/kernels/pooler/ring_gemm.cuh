@@ -1,0 +1,251 @@
+// The pooler GEMM's ring engine: a streaming tensor-core GEMM for decode
+// batches,
+//   out[m, n] = x[m, k] @ W[n, k]^T     BF16 in and out, FP32 accumulation,
+// whose weights reach mma.sync through a per-warp ring of shared-memory
+// stages filled by cp.async (LDGSTS).
+//
+// Why: the register engines (the skinny GEMM, the Unpooler's MMA engine)
+// hold every weight byte in flight in a register, so a warp can issue no
+// load while it multiplies what arrived, and a CTA's stream stops between
+// its loads and its exit; at b >= 2 the MMA engine at tp 1 sits 1-1.5 us
+// above a plain streaming read of the same bytes (bench/NOTES.md). Here the
+// copies land in shared memory without a register, so each warp keeps D - 1
+// stages in flight while it computes the oldest, and a CTA streams several
+// row tiles back to back: one CTA per SM, one weight stream per warp that
+// never stops until its last tile.
+//
+// Shape: tiles of 32 rows (two 16-row MMA tiles); CTA c owns tiles
+// c, c + gridDim.x, ... (gridDim.x <= the SM count); its kRingWarps warps
+// split K: warp w owns K [w K / 8, (w + 1) K / 8) of every tile. A stage is
+// 128 K of the tile's 32 rows for one warp (8 KiB): 16 copies of 16 bytes
+// per lane, in the Unpooler's row-swizzled pattern (each instruction reads 4
+// rows x 128 contiguous bytes); a lane then reads the half its MMA fragment
+// needs from its partner lane's slot, which replaces the Unpooler's shuffle.
+// Stage j + D is issued as soon as stage j is in registers. The first D
+// stages are issued before griddepcontrol.wait (weights; programmatic
+// dependent launch streams them under the previous kernel's tail); x only
+// after it, each stage's x into registers one stage ahead (x's L2 latency
+// would otherwise sit on every stage's critical path: measured, 0.3-1.2 us
+// per call at b = 4..16).
+//
+// Summation order (reproducible, batch invariant): a warp accumulates its K
+// range in MMA steps in K order into accumulator set step % 2, the sets
+// summed 0 then 1; the 8 warp partials are summed in warp order. Fixed by K
+// alone: not by m, the other rows, the tile order or the grid. It differs
+// from the other engines' orders (last bits).
+//
+// Fused publish (args.publish): the epilogue also writes each tile's y into
+// the mailbox, the bytes and stage word the mailbox's own publisher writes.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "kernels/common/ptx.cuh"
+#include "kernels/common/trace.cuh"
+#include "kernels/mailbox/mailbox_device.cuh"
+#include "kernels/pooler/skinny_gemm.cuh"
+#include "kernels/unpooler/unpooler_kernel.cuh"
+
+namespace spark_decode::kernels {
+
+namespace ring {
+inline constexpr int kWarps = 8;        // per CTA (one CTA per SM)
+inline constexpr int kDepth = 3;        // stages per warp's ring
+inline constexpr int kRows = 32;        // rows per tile (two MMA tiles)
+inline constexpr int kStageK = 128;     // K per stage
+inline constexpr int kSlots = 16;       // 16-byte copies per lane per stage
+inline constexpr int kStageBytes = kSlots * 32 * 16;
+inline constexpr int kKMultiple = kWarps * kStageK;  // K must be a multiple
+// Shared memory: the rings, two tiles' warp partials (FP32, by tile parity),
+// the tile's y (BF16 [16][32]).
+__host__ __device__ constexpr int smem_bytes(int tile) {
+  return kWarps * kDepth * kStageBytes + 2 * kWarps * 2 * tile * 16 * 4 + 16 * kRows * 2;
+}
+}  // namespace ring
+
+template <int TILE>
+__global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const PoolerGemmArgs a) {
+  SPARK_TRACE_CTA(kRingGemm);
+  constexpr int W = ring::kWarps, D = ring::kDepth, ACCS = 2;
+  constexpr int kNt = TILE / 8;
+  constexpr int kV = ring::kStageK / kUnpoolerBlockK;  // 4 vectors per row per stage
+  constexpr int kPartial = 2 * TILE * 16;              // floats per warp partial of a tile
+  extern __shared__ __align__(128) unsigned char smem[];
+  float* const partials = reinterpret_cast<float*>(smem + W * D * ring::kStageBytes);
+  __nv_bfloat16* const y_tile = reinterpret_cast<__nv_bfloat16*>(partials + 2 * W * kPartial);
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const bool odd = g & 1;
+  const int k = a.k;
+  const int kw = k / W;
+  const int spt = kw / ring::kStageK;  // stages per tile
+  const int tiles = a.n / ring::kRows;
+  const int my_tiles = blockIdx.x < tiles ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+  const int total = my_tiles * spt;  // this warp's stages
+  const uint64_t policy = ptx::l2_policy_evict_first();
+  const uint32_t ring_base = ptx::smem_addr(smem) + warp * D * ring::kStageBytes;
+  // Copy slot idx of stage slot s, lane ln: idx = (row tile r, vector v,
+  // half ab: rows g or g + 8) as (r kV + v) 2 + ab; a slot is 32 lanes x 16
+  // bytes, so a warp's reads of one slot are conflict-free.
+  auto slot_addr = [&](int s, int idx, int ln) { return ring_base + (s * ring::kSlots + idx) * 512 + ln * 16; };
+  auto idx_of = [](int r, int v, int ab) { return (r * kV + v) * 2 + ab; };
+
+  // Stage j's copies (an empty group past the end keeps the wait counts
+  // uniform). Lane (g, t) copies, as the Unpooler's swizzled loads do,
+  // vector v + (g & 1) of row g / 2 and vector v + 1 - (g & 1) of row
+  // 4 + g / 2 of each vector pair (rows 8 on for the second half).
+  auto issue = [&](int j) {
+    if (j < total) {
+      const int tile = blockIdx.x + (j / spt) * gridDim.x, ks = j % spt;
+      const size_t row0 = size_t(tile) * ring::kRows;
+      const int kb = warp * kw + ks * ring::kStageK + t * 8;
+      const __nv_bfloat16* w_p = a.w + (row0 + g / 2) * k + kb + (odd ? kUnpoolerBlockK : 0);
+      const __nv_bfloat16* w_q = a.w + (row0 + 4 + g / 2) * k + kb + (odd ? 0 : kUnpoolerBlockK);
+      const int s = j % D;
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int v = 0; v < kV; v += 2) {
+          const size_t at = size_t(r) * 16 * k + v * kUnpoolerBlockK;
+          ptx::cp_async_stream_16(slot_addr(s, idx_of(r, v, 0), lane), w_p + at, policy);
+          ptx::cp_async_stream_16(slot_addr(s, idx_of(r, v, 1), lane), w_p + at + 8 * size_t(k), policy);
+          ptx::cp_async_stream_16(slot_addr(s, idx_of(r, v + 1, 0), lane), w_q + at, policy);
+          ptx::cp_async_stream_16(slot_addr(s, idx_of(r, v + 1, 1), lane), w_q + at + 8 * size_t(k), policy);
+        }
+    }
+    ptx::cp_async_commit();
+  };
+
+#pragma unroll
+  for (int j = 0; j < D; ++j) issue(j);
+
+  // x is written by the previous grid.
+  ptx::griddep_wait();
+  SPARK_TRACE_WAITED();
+  ptx::griddep_launch_dependents();
+  const bool publishing = a.publish.mode != mailbox_dev::PublishTarget::kNone;
+  constexpr int kItems = ring::kRows / 8;  // 16-byte vectors of y per token and tile
+  uint32_t stage = 0;
+  if (publishing && threadIdx.x < kItems * a.m)
+    stage = mailbox_dev::publish_stage(a.publish, threadIdx.x == 0 && blockIdx.x == 0);
+
+  // x of stage jj (the same K for every tile): xb holds the next stage's,
+  // copied into xa as the stage begins.
+  uint4 xa[kV][kNt], xb[kV][kNt];
+  auto load_x = [&](int jj) {
+    const int kx = warp * kw + (jj % spt) * ring::kStageK + t * 8;
+#pragma unroll
+    for (int v = 0; v < kV; ++v)
+#pragma unroll
+      for (int nt = 0; nt < kNt; ++nt) {
+        const int token = nt * 8 + g;
+        xb[v][nt] = jj < total && token < a.m ? ptx::ld_v4(a.x + size_t(token) * k + kx + v * kUnpoolerBlockK)
+                                              : make_uint4(0, 0, 0, 0);
+      }
+  };
+  load_x(0);
+
+  float acc[2][ACCS][kNt][4];
+  for (int j = 0; j < total; ++j) {
+    const int ks = j % spt, s = j % D, tile_i = j / spt;
+#pragma unroll
+    for (int v = 0; v < kV; ++v)
+#pragma unroll
+      for (int nt = 0; nt < kNt; ++nt) xa[v][nt] = xb[v][nt];
+    load_x(j + 1);
+    if (ks == 0) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int c = 0; c < ACCS; ++c)
+#pragma unroll
+          for (int nt = 0; nt < kNt; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[r][c][nt][i] = 0.0f;
+    }
+    // Stage j's copies are this thread's group j; the partner's, after the
+    // __syncwarp that follows its own wait.
+    ptx::cp_async_wait<D - 1>();
+    __syncwarp();
+#pragma unroll
+    for (int q = 0; q < kV; q += 2) {
+      // Vectors q and q + 1 of rows perm(g), perm(g) + 8 (perm as in the
+      // Unpooler's row swizzle): slot q + (g & 1) of this lane holds vector
+      // q of them and the same slot of its partner g ^ 1 vector q + 1 (what
+      // the Unpooler's unswizzle_pair exchanges by shuffle).
+      uint4 wa[2][2], wb[2][2];  // [r][0]: vector q, [r][1]: vector q + 1
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        wa[r][0] = ptx::ld_shared_v4(slot_addr(s, idx_of(r, q + odd, 0), lane));
+        wa[r][1] = ptx::ld_shared_v4(slot_addr(s, idx_of(r, q + odd, 0), lane ^ 4));
+        wb[r][0] = ptx::ld_shared_v4(slot_addr(s, idx_of(r, q + odd, 1), lane));
+        wb[r][1] = ptx::ld_shared_v4(slot_addr(s, idx_of(r, q + odd, 1), lane ^ 4));
+      }
+#pragma unroll
+      for (int p = 0; p < 2; ++p) {
+        const int v = q + p;
+        const int step = 2 * (ks * kV + v);  // the MMA step of this vector's first half
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const uint32_t am[4] = {word(wa[r][p], 2 * h), word(wb[r][p], 2 * h), word(wa[r][p], 2 * h + 1),
+                                    word(wb[r][p], 2 * h + 1)};
+#pragma unroll
+            for (int nt = 0; nt < kNt; ++nt)
+              ptx::mma_m16n8k16_bf16(acc[r][(step + h) % ACCS][nt], am, word(xa[v][nt], 2 * h),
+                                     word(xa[v][nt], 2 * h + 1));
+          }
+      }
+    }
+    __syncwarp();  // every lane has read slot s (partners read each other's)
+    issue(j + D);
+
+    if (ks == spt - 1) {
+      // The tile's warp partials (by tile parity: a CTA barrier separates
+      // this tile's reads from the writes two tiles on), summed in warp order.
+      float* mine = partials + ((tile_i & 1) * W + warp) * kPartial + lane * 4;
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int nt = 0; nt < kNt; ++nt) {
+          float o[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) o[i] = acc[r][0][nt][i] + acc[r][1][nt][i];
+          *reinterpret_cast<float4*>(mine + (r * kNt + nt) * 128) = make_float4(o[0], o[1], o[2], o[3]);
+        }
+      __syncthreads();
+      const float* buf = partials + (tile_i & 1) * W * kPartial;
+      for (int e = threadIdx.x; e < kPartial; e += 32 * W) {
+        const int i = e & 3, ln = (e >> 2) & 31, r = (e >> 7) / kNt, nt = (e >> 7) % kNt;
+        const int token = nt * 8 + 2 * (ln & 3) + (i & 1);
+        const int row = r * 16 + unpooler_row_of_group(ln >> 2) + (i >> 1) * 8;
+        if (token >= a.m) continue;
+        float sum = buf[e];
+#pragma unroll
+        for (int w2 = 1; w2 < W; ++w2) sum += buf[w2 * kPartial + e];
+        y_tile[token * ring::kRows + row] = __float2bfloat16_rn(sum);
+      }
+      __syncthreads();
+      // Item (token, c): features [8c, 8c + 8) of the tile for one token.
+      // (y_tile is rewritten only after the next tile's first barrier, which
+      // every thread reaches after these reads.)
+      const int col0 = (blockIdx.x + tile_i * gridDim.x) * ring::kRows;
+      if (threadIdx.x < kItems * a.m) {
+        const int token = threadIdx.x / kItems, col = col0 + (threadIdx.x % kItems) * 8;
+        const uint4 y = *reinterpret_cast<const uint4*>(y_tile + threadIdx.x * 8);
+        *reinterpret_cast<uint4*>(a.out + size_t(token) * a.n + col) = y;
+        if (publishing)
+          mailbox_dev::store_to_all(a.publish.copies, a.publish.layout.tp, a.publish.rank,
+                                    a.publish.layout.offset(stage, a.publish.rank, token, col),
+                                    mailbox_dev::publish_vec(y));
+      }
+    }
+  }
+  ptx::cp_async_wait<0>();  // the empty trailing groups
+}
+
+}  // namespace spark_decode::kernels

@@ -64,7 +64,7 @@ int main(int argc, char** argv) {
     c->add_option("--tp", pooler_opts.tps, "tp of Pooler.run vs stock")->delimiter(',');
     c->add_option("--gemm-tp", pooler_opts.gemm_tps, "tp of the GEMM sweep")->delimiter(',');
     c->add_option("--b", pooler_opts.bs, "batch sizes")->delimiter(',');
-    c->add_option("--engines", pooler_opts.engines, "GEMM sweep: engines by name prefix (table, mma, skinny)")
+    c->add_option("--engines", pooler_opts.engines, "GEMM sweep: engines by name prefix (table, mma, ring, skinny)")
         ->delimiter(',');
     c->add_option("--repeats", pooler_opts.repeats, "graph replays per figure (median)");
     c->add_option("--out", pooler_opts.out_dir, "directory of the JSON and markdown");

@@ -58,8 +58,9 @@ void launch_skinny(const PoolerGemmShape& s, const void* w, const void* x, void*
 static_assert(kernels::ring::kRows == kPoolerRingRows && kernels::ring::kKMultiple == kPoolerRingKMultiple,
               "keep the ring engine's public constants in step with its kernel");
 
-SkinnyFn ring_kernel(int m) { return m <= 8 ? kernels::ring_gemm_kernel<8> : kernels::ring_gemm_kernel<16>; }
+using RingFn = void (*)(kernels::PoolerGemmArgs);
 int ring_tile(int m) { return m <= 8 ? 8 : 16; }
+RingFn ring_kernel(int m) { return ring_tile(m) == 8 ? kernels::ring_gemm_kernel<8> : kernels::ring_gemm_kernel<16>; }
 
 void launch_ring(const void* w, const void* x, void* out, int n, int k, int m, int ctas, cudaStream_t stream,
                  bool enable_pdl, const LamportMailbox* publish_into) {

@@ -19,16 +19,18 @@ const char* engine_name(PoolerGemmEngine engine) {
   switch (engine) {
     case PoolerGemmEngine::skinny: return "skinny";
     case PoolerGemmEngine::mma: return "mma";
-    default: return "ring";
+    case PoolerGemmEngine::ring: return "ring";
   }
+  return "?";
 }
 
 std::string PoolerGemmChoice::to_string() const {
   switch (engine) {
     case PoolerGemmEngine::skinny: return shape.to_string();
     case PoolerGemmEngine::mma: return "mma(Unpooler engine)";
-    default: return "ring(cp.async stages)";
+    case PoolerGemmEngine::ring: return "ring(cp.async stages)";
   }
+  return "?";
 }
 
 const std::vector<PoolerGemmShape>& pooler_gemm_shapes() {

@@ -38,7 +38,7 @@
 //   GEMM engine the table picks for each b must take [P/tp, H]
 //   (pooler_gemm.h: a skinny shape needs H % 8192 == 0 at the compiled
 //   shapes, the MMA engine the Unpooler's conditions on K = H, the ring
-//   engine P/tp % 32 == 0 and H % 1024 == 0 and 224 KiB of shared memory
+//   engine P/tp % 32 == 0 and H % 1024 == 0 and 225 KiB of shared memory
 //   per block).
 //   Per call: x BF16 [b, H] contiguous 16-byte aligned on `device`, b one of
 //   `batches`; the device current on the calling thread.

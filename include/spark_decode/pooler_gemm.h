@@ -22,7 +22,7 @@
 //        capability 9.0+ (RuntimeError below); N % outputs_per_block == 0
 //        and K % (8 block_size k_unroll) == 0 for a skinny shape; the
 //        Unpooler's own conditions for mma (Unpooler::unsupported); N % 32
-//        == 0 and K % 1024 == 0 for ring, whose 224 KiB of shared memory
+//        == 0 and K % 1024 == 0 for ring, whose 225 KiB of shared memory
 //        per CTA the device must allow (RuntimeError otherwise);
 //   x    BF16 [m, K] contiguous 16-byte aligned on W's device;
 //   out  BF16 [m, N] contiguous 16-byte aligned on W's device, not

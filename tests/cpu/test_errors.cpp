@@ -73,5 +73,6 @@ TEST(Trace, OffUnlessConfiguredAndSaysHow) {
 #endif
   EXPECT_STREQ(sd::trace::kernel_name(sd::trace::kUnpooler), "unpooler");
   EXPECT_STREQ(sd::trace::kernel_name(sd::trace::kNormQuantGather), "norm_quant_gather");
+  EXPECT_STREQ(sd::trace::kernel_name(sd::trace::kRingGemm), "ring_gemm");
   EXPECT_STREQ(sd::trace::kernel_name(0), "unknown");
 }

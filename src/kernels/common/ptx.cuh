@@ -64,8 +64,8 @@ __device__ __forceinline__ uint4 ld_stream_v4(const void* ptr, uint64_t policy) 
 // thread computes, so a ring of stages keeps the weight stream going through
 // the MMAs. Same L2 policy as ld_stream_v4. Completes in commit groups:
 // cp_async_commit() closes one, cp_async_wait<n>() waits until at most n of
-// this thread's groups are pending; other lanes see the bytes after a
-// __syncwarp() (or a CTA barrier) that follows their own wait.
+// this thread's groups are pending; other threads see the bytes after a
+// __syncwarp() (or a CTA barrier) that follows the copying thread's wait.
 __device__ __forceinline__ void cp_async_stream_16(uint32_t dst, const void* src, uint64_t policy) {
   asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "l"(policy)
                : "memory");
@@ -75,6 +75,9 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
+// 16 bytes of shared memory. Volatile asm with a memory clobber because
+// cp.async writes are invisible to the compiler: a plain load could be
+// merged with an earlier one or hoisted above cp_async_wait.
 __device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
   uint4 v;
   asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr) : "memory");

@@ -12,7 +12,8 @@
 // copies land in shared memory without a register, so each warp keeps D - 1
 // stages in flight while it computes the oldest, and a CTA streams several
 // row tiles back to back: one CTA per SM, one weight stream per warp that
-// never stops until its last tile.
+// never stops until its last tile. (At the pooler's own shapes a CTA gets
+// one tile: tp 1 has 128 on 132 SMs; several where N > 32 x SMs.)
 //
 // Shape: tiles of 32 rows (two 16-row MMA tiles); CTA c owns tiles
 // c, c + gridDim.x, ... (gridDim.x <= the SM count); its kRingWarps warps
@@ -21,7 +22,7 @@
 // per lane, in the Unpooler's row-swizzled pattern (each instruction reads 4
 // rows x 128 contiguous bytes); a lane then reads the half its MMA fragment
 // needs from its partner lane's slot, which replaces the Unpooler's shuffle.
-// Stage j + D is issued as soon as stage j is in registers. The first D
+// Stage j + D refills stage j's slot once stage j's MMAs are issued. The first D
 // stages are issued before griddepcontrol.wait (weights; programmatic
 // dependent launch streams them under the previous kernel's tail); x only
 // after it, each stage's x into registers one stage ahead (x's L2 latency
@@ -72,7 +73,7 @@ __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const P
   constexpr int kNt = TILE / 8;
   constexpr int kV = ring::kStageK / kUnpoolerBlockK;  // 4 vectors per row per stage
   constexpr int kPartial = 2 * TILE * 16;              // floats per warp partial of a tile
-  extern __shared__ __align__(128) unsigned char smem[];
+  extern __shared__ __align__(16) unsigned char smem[];  // 16-byte copies and reads only
   float* const partials = reinterpret_cast<float*>(smem + W * D * ring::kStageBytes);
   __nv_bfloat16* const y_tile = reinterpret_cast<__nv_bfloat16*>(partials + 2 * W * kPartial);
 
@@ -205,8 +206,9 @@ __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const P
     issue(j + D);
 
     if (ks == spt - 1) {
-      // The tile's warp partials (by tile parity: a CTA barrier separates
-      // this tile's reads from the writes two tiles on), summed in warp order.
+      // The tile's warp partials, summed in warp order. (Two buffers by tile
+      // parity, as measured; one would do, since the second barrier below
+      // already orders this tile's reads before the next tile's writes.)
       float* mine = partials + ((tile_i & 1) * W + warp) * kPartial + lane * 4;
 #pragma unroll
       for (int r = 0; r < 2; ++r)

@@ -185,10 +185,13 @@ bool throws_invalid(Fn fn) {
 // one, every b in 1..16 (one shuffled order on all ranks), at the model's
 // shard [P/tp, H]: the same out, the same bytes in the whole mailbox
 // allocation (data, stage words, guards), and the same gathered rows, whose
-// own block is out with -0.0 as +0.0.
-void gemm_publish_equals_run_plus_publish(sd::Group& group, int device, uint64_t seed) {
+// own block is out with -0.0 as +0.0. shard_n, k > 0: a weight of that
+// shape instead (engines that cannot serve it are skipped).
+void gemm_publish_equals_run_plus_publish(sd::Group& group, int device, uint64_t seed, int shard_n = 0,
+                                          int shard_k = 0) {
   const int tp = group.size(), rank = group.rank(), M = sd::kPoolerMaxBatch;
-  const int n = sd::kMuseSpark.pooled / tp, k = sd::kMuseSpark.hidden;
+  const int n = shard_n > 0 ? shard_n : sd::kMuseSpark.pooled / tp;
+  const int k = shard_k > 0 ? shard_k : sd::kMuseSpark.hidden;
   std::mt19937_64 gen(seed * 31 + rank);
   auto w = random_bf16(size_t(n) * k, Dist::scaled, -4, gen);
   auto x = random_bf16(size_t(M) * k, Dist::specials, 0, gen);  // -0.0, subnormals, extremes
@@ -237,6 +240,7 @@ void gemm_publish_equals_run_plus_publish(sd::Group& group, int device, uint64_t
     sd::PoolerGemm::Options fo, po;
     fo.force = po.force = engine;
     fo.batches = po.batches = servable(engine, n, k, order);
+    if (fo.batches.empty()) continue;  // this engine cannot take [n, k] (no batch means all to PoolerGemm)
     fo.mailbox = &a;
     sd::PoolerGemm fused(weight, tp, fo), plain(weight, tp, po);
     for (int m : fo.batches) {
@@ -289,6 +293,19 @@ TEST(PoolerGemmPublish, FusedEqualsRunPlusPublishOneGpu) {
   SKIP_WITHOUT_GPU(1);
   const uint64_t seed = test_seed("gemm publish tp1");
   for (const auto& f : run_on_gpus(1, [&](sd::Group& g, int d) { gemm_publish_equals_run_plus_publish(g, d, seed); }))
+    ADD_FAILURE() << f;
+}
+
+// The ring engine's fused publish where a CTA owns several tiles (the model
+// shards give each CTA one): N = 32 (2 SMs + 7), K = 1024.
+TEST(PoolerGemmPublish, FusedEqualsRunPlusPublishSeveralTilesPerCta) {
+  SKIP_WITHOUT_GPU(1);
+  const uint64_t seed = test_seed("gemm publish tiles");
+  int sms = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int n = sd::kPoolerRingRows * (2 * sms + 7), k = sd::kPoolerRingKMultiple;
+  for (const auto& f :
+       run_on_gpus(1, [&](sd::Group& g, int d) { gemm_publish_equals_run_plus_publish(g, d, seed, n, k); }))
     ADD_FAILURE() << f;
 }
 

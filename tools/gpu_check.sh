@@ -62,8 +62,12 @@ if has sanitize; then
   kernels="UnpoolerGpu.*:PoolerGemm.*:PoolerExpertNorm.*:PoolerNvfp4.*"
   pooler="PoolerGemmPublish.*:PoolerEdge.*:Pooler.SixtyTwo*OneGpu"
   n=0
-  for run in memcheck:"$all" racecheck:"$kernels-PoolerGemm.PdlChain*" racecheck:"$pooler" \
-             synccheck:"$kernels:$pooler"; do
+  # The ring engine's partner-slot reads and slot reuse, at a small shape
+  # where its CTAs own several tiles (its every-distribution test is too long
+  # for racecheck).
+  ring="PoolerGemmPublish.FusedEqualsRunPlusPublishSeveralTilesPerCta"
+  for run in memcheck:"$all" racecheck:"$kernels-PoolerGemm.PdlChain*:PoolerGemm.RingEngine*" racecheck:"$pooler" \
+             racecheck:"$ring" synccheck:"$kernels:$pooler"; do
     tool=${run%%:*} filter=${run#*:} n=$((n + 1))
     echo "-- $tool: $filter" | tee -a "$LOG"
     timeout 240 "$SAN" --tool "$tool" --error-exitcode 9 "$T" --gtest_filter="$filter" >"$OUT/san_${n}_$tool.txt" 2>&1

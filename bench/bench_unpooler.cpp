@@ -2,16 +2,16 @@
 
 #include <algorithm>
 #include <cmath>
-#include <utility>
-#include <vector>
-#include <cuda_bf16.h>
+#include <cstdint>
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <vector>
 
 #include "benches.h"
 #include "cublas_gemm.h"
 #include "harness.h"
+#include "spark_decode/bf16.h"
 #include "spark_decode/error.h"
 #include "spark_decode/model_shape.h"
 #include "spark_decode/pooler_gemm.h"
@@ -97,13 +97,13 @@ std::vector<std::string> ring_diagnostic(int n, int k, const std::vector<int>& m
     ours[0].run(x.get(), out.get(), m, stream);
     CUDA_CHECK(cudaMemsetAsync(out2.get(), 0xff, size_t{2} * m * n, stream));
     ring[0].run(x.get(), out2.get(), m, stream);
-    std::vector<__nv_bfloat16> a(size_t(m) * n), b(size_t(m) * n);
+    std::vector<uint16_t> a(size_t(m) * n), b(size_t(m) * n);
     CUDA_CHECK(cudaMemcpyAsync(a.data(), out.get(), a.size() * 2, cudaMemcpyDeviceToHost, stream));
     CUDA_CHECK(cudaMemcpyAsync(b.data(), out2.get(), b.size() * 2, cudaMemcpyDeviceToHost, stream));
     CUDA_CHECK(cudaStreamSynchronize(stream));
     double big = 0, diff = 0;
     for (size_t i = 0; i < a.size(); ++i) {
-      const double u = __bfloat162float(a[i]), v = __bfloat162float(b[i]);
+      const double u = bf16_to_float(a[i]), v = bf16_to_float(b[i]);
       big = std::max(big, std::abs(u));
       diff = std::max(diff, std::isfinite(v) ? std::abs(u - v) : 1e30);  // unwritten (0xffff: NaN) fails
     }

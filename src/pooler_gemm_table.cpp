@@ -47,6 +47,13 @@ const std::vector<PoolerGemmShape>& pooler_gemm_shapes() {
   return shapes;
 }
 
+namespace {
+std::optional<std::string> batch_unsupported(int m) {
+  if (m < 1 || m > kPoolerMaxBatch) return detail::concat("pooler GEMM: m = ", m, " outside [1, ", kPoolerMaxBatch, "]");
+  return std::nullopt;
+}
+}  // namespace
+
 std::optional<std::string> pooler_gemm_unsupported(int n, int k, int m, const PoolerGemmShape& s) {
   bool compiled = false;
   for (const auto& c : pooler_gemm_shapes()) compiled |= c == s;
@@ -57,8 +64,7 @@ std::optional<std::string> pooler_gemm_unsupported(int n, int k, int m, const Po
     os << ")";
     return os.str();
   }
-  if (m < 1 || m > kPoolerMaxBatch)
-    return detail::concat("pooler GEMM: m = ", m, " outside [1, ", kPoolerMaxBatch, "]");
+  if (auto why = batch_unsupported(m)) return why;
   if (n <= 0 || n % s.outputs_per_block)
     return detail::concat("pooler GEMM: N = ", n, " is not a positive multiple of outputs_per_block ",
                           s.outputs_per_block);
@@ -73,8 +79,7 @@ std::optional<std::string> pooler_gemm_unsupported(int n, int k, int m, const Po
 std::optional<std::string> pooler_choice_unsupported(int n, int k, int m, const PoolerGemmChoice& c) {
   if (c.engine == PoolerGemmEngine::skinny) return pooler_gemm_unsupported(n, k, m, c.shape);
   if (c.engine == PoolerGemmEngine::ring) {
-    if (m < 1 || m > kPoolerMaxBatch)
-      return detail::concat("pooler GEMM: m = ", m, " outside [1, ", kPoolerMaxBatch, "]");
+    if (auto why = batch_unsupported(m)) return why;
     if (n <= 0 || n % kPoolerRingRows)
       return detail::concat("pooler GEMM ring engine: N = ", n, " is not a positive multiple of ", kPoolerRingRows);
     if (k <= 0 || k % kPoolerRingKMultiple)

@@ -26,6 +26,13 @@
 namespace spark_decode::bench {
 namespace {
 
+// Whether an engine's name starts with one of the prefixes (none: all).
+bool selected(const std::vector<std::string>& prefixes, const std::string& name) {
+  if (prefixes.empty()) return true;
+  for (const auto& prefix : prefixes)
+    if (name.rfind(prefix, 0) == 0) return true;
+  return false;
+}
 
 // The GEMM sweep on the current GPU: records op pooler_gemm.
 void gemm_sweep(const PoolerBenchOptions& o, Report& report, cudaStream_t stream) {
@@ -48,12 +55,7 @@ void gemm_sweep(const PoolerBenchOptions& o, Report& report, cudaStream_t stream
     std::printf("pooler GEMM tp %d: N=%d K=%d, %d cold copies, floor %.2f us\n", tp, n, k, copies, floor);
     std::vector<std::pair<std::string, std::optional<PoolerGemmChoice>>> engines = {{"table", std::nullopt}};
     for (const auto& c : pooler_gemm_candidates()) engines.push_back({c.to_string(), c});
-    std::erase_if(engines, [&](const auto& e) {
-      if (o.engines.empty()) return false;
-      for (const auto& prefix : o.engines)
-        if (e.first.rfind(prefix, 0) == 0) return false;
-      return true;
-    });
+    std::erase_if(engines, [&](const auto& e) { return !selected(o.engines, e.first); });
     for (int b : o.bs) {
       CublasGemm blas(b, n, k);
       const double blas_us = blas.pick_fastest(ptrs, x.get(), out.get(), o.repeats, stream);
@@ -96,6 +98,7 @@ void pooler_vs_stock(const PoolerBenchOptions& o, int tp, Report& report) {
   if (tp > 1) NCCL_CHECK(ncclGetUniqueId(&id));
   std::mutex mu;
   std::map<int, std::tuple<double, double, double>> results;  // b -> (run, stock, project+publish+gather)
+  std::map<std::pair<int, std::string>, double> forced_results;  // (b, engine) -> Pooler.run on that engine
   run_ranks(tp, [&](Group& group, int rank) {
         cudaStream_t stream;
         CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -114,6 +117,24 @@ void pooler_vs_stock(const PoolerBenchOptions& o, int tp, Report& report) {
         }
         Pooler pooler(group, tp, rank, rank, layers, o.bs, kMuseSpark.max_batch, true);
         pooler.warm_up(stream);
+        // The same Pooler with every layer's GEMM forced onto one engine
+        // (--run-engines): what the table's choice gives the whole boundary,
+        // not just the GEMM. Validation is the same on every rank, so a rank
+        // skips an engine exactly when all do.
+        std::vector<std::pair<std::string, std::unique_ptr<Pooler>>> forced;
+        for (const auto& c : pooler_gemm_candidates()) {
+          if (o.run_engines.empty() || !selected(o.run_engines, c.to_string())) continue;
+          PoolerOptions po;
+          po.gemm = c;
+          try {
+            forced.emplace_back(c.to_string(), std::make_unique<Pooler>(group, tp, rank, rank, layers, o.bs,
+                                                                        kMuseSpark.max_batch, true, po));
+          } catch (const InvalidArgument& e) {
+            if (rank == 0) std::printf("pooler tp %d: Pooler.run on %s cannot run: %s\n", tp, c.to_string().c_str(), e.what());
+            continue;
+          }
+          forced.back().second->warm_up(stream);
+        }
         DeviceMemory x(size_t{2} * kPoolerMaxBatch * H);
         fill_random_bf16(x.get(), size_t{kPoolerMaxBatch} * H, 0x3000);
         // Stock: cuBLAS, ncclAllGather, a [tp][b][shard] -> [b][P] copy, norm, quantize.
@@ -161,6 +182,18 @@ void pooler_vs_stock(const PoolerBenchOptions& o, int tp, Report& report) {
           if (tracing) trace_replay(ours, stream, trace_path + "_run.csv", [&] { group.barrier(); });
           pooler.mailbox().synchronize(stream);
           CUDA_CHECK(cudaGraphExecDestroy(ours));
+          for (auto& [name, forced_pooler] : forced) {
+            layer = 0;
+            cudaGraphExec_t g =
+                capture_graph(stream, L - 2, [&] { forced_pooler->run(1 + layer++ % (L - 2), x.get(), b, stream); });
+            const double us = time_replays(group, g, stream, L - 2, o.repeats);
+            forced_pooler->mailbox().synchronize(stream);
+            CUDA_CHECK(cudaGraphExecDestroy(g));
+            if (rank == 0) {
+              std::lock_guard<std::mutex> lock(mu);
+              forced_results[{b, name}] = us;
+            }
+          }
           // The same calls as three kernels (the publish kernel between GEMM
           // and gather): what run() did before the GEMM's epilogue published.
           layer = 0;
@@ -179,6 +212,7 @@ void pooler_vs_stock(const PoolerBenchOptions& o, int tp, Report& report) {
             results[b] = {spark_us, stock_us, split_us};
           }
         }
+        for (auto& f : forced) f.second->barrier();
         pooler.barrier();
         if (comm) NCCL_CHECK(ncclCommDestroy(comm));
         CUDA_CHECK(cudaStreamDestroy(stream));
@@ -192,6 +226,11 @@ void pooler_vs_stock(const PoolerBenchOptions& o, int tp, Report& report) {
     std::printf("pooler tp %d b=%2d: Pooler.run %6.2f us (project+publish+gather %6.2f), stock %6.2f us -> %.2fx "
                 "(floor %.2f us)\n",
                 tp, b, run_us, split_us, stock_us, stock_us / run_us, floor);
+  }
+  for (const auto& [key, us] : forced_results) {
+    const auto& [b, name] = key;
+    report.records.push_back({"pooler", "spark", "run (PDL; engine " + name + ")", "graph", tp, b, P, H, us, floor});
+    std::printf("pooler tp %d b=%2d: Pooler.run on %-40s %6.2f us\n", tp, b, name.c_str(), us);
   }
 }
 

@@ -16,6 +16,9 @@ struct PoolerBenchOptions {
   // The GEMM sweep's engines by name prefix ("table", "mma", "skinny");
   // empty: all.
   std::vector<std::string> engines;
+  // Pooler.run also with every layer's GEMM forced onto each engine named
+  // here by prefix (empty: the table's choice only).
+  std::vector<std::string> run_engines;
   std::string out_dir;
   // Non-empty: also record one replay of the Pooler.run graph and of the
   // three-kernel graph at the first b with spark_decode/trace.h (a library

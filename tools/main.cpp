@@ -66,6 +66,9 @@ int main(int argc, char** argv) {
     c->add_option("--b", pooler_opts.bs, "batch sizes")->delimiter(',');
     c->add_option("--engines", pooler_opts.engines, "GEMM sweep: engines by name prefix (table, mma, ring, skinny)")
         ->delimiter(',');
+    c->add_option("--run-engines", pooler_opts.run_engines,
+                  "Pooler.run also on each of these engines (name prefix), besides the table's choice")
+        ->delimiter(',');
     c->add_option("--repeats", pooler_opts.repeats, "graph replays per figure (median)");
     c->add_option("--out", pooler_opts.out_dir, "directory of the JSON and markdown");
     c->add_option("--trace", pooler_opts.trace, "path prefix of per-CTA timelines (a -DSPARK_DECODE_TRACE=ON build)");

@@ -55,29 +55,24 @@ void launch_skinny(const PoolerGemmShape& s, const void* w, const void* x, void*
   kernels::launch(skinny_kernel(s, m), shape, stream, args);
 }
 
-static_assert(kernels::ring::rows(2) == kPoolerRingRows && kernels::ring::kKMultiple == kPoolerRingKMultiple,
+static_assert(kernels::ring::kRows == kPoolerRingRows && kernels::ring::kKMultiple == kPoolerRingKMultiple,
               "keep the ring engine's public constants in step with its kernel");
 
 using RingFn = void (*)(kernels::PoolerGemmArgs);
 int ring_tile(int m) { return m <= 8 ? 8 : 16; }
-// rows: 32 or 16 (pooler_choice_unsupported).
-RingFn ring_kernel(int m, int rows) {
-  if (rows == 16) return ring_tile(m) == 8 ? kernels::ring_gemm_kernel<8, 1> : kernels::ring_gemm_kernel<16, 1>;
-  return ring_tile(m) == 8 ? kernels::ring_gemm_kernel<8, 2> : kernels::ring_gemm_kernel<16, 2>;
-}
-int ring_smem(int m, int rows) { return kernels::ring::smem_bytes(ring_tile(m), rows / 16); }
+RingFn ring_kernel(int m) { return ring_tile(m) == 8 ? kernels::ring_gemm_kernel<8> : kernels::ring_gemm_kernel<16>; }
 
-void launch_ring(const void* w, const void* x, void* out, int n, int k, int m, int rows, int sms, cudaStream_t stream,
+void launch_ring(const void* w, const void* x, void* out, int n, int k, int m, int ctas, cudaStream_t stream,
                  bool enable_pdl, const LamportMailbox* publish_into) {
   kernels::PoolerGemmArgs args{static_cast<const __nv_bfloat16*>(w), static_cast<const __nv_bfloat16*>(x),
                                static_cast<__nv_bfloat16*>(out), n, k, m, {}};
   if (publish_into) args.publish = publish_target(*publish_into);
   kernels::LaunchShape shape;
-  shape.grid = dim3(std::min(n / rows, sms));  // one CTA per SM walks tiles c, c + grid, ...
+  shape.grid = dim3(ctas);
   shape.block = dim3(32 * kernels::ring::kWarps);
-  shape.smem_bytes = ring_smem(m, rows);
+  shape.smem_bytes = kernels::ring::smem_bytes(ring_tile(m));
   shape.enable_pdl = enable_pdl;
-  kernels::launch(ring_kernel(m, rows), shape, stream, args);
+  kernels::launch(ring_kernel(m), shape, stream, args);
 }
 
 void check_operands(const void* w, const void* x, void* out, int n, int k, int m) {
@@ -153,13 +148,14 @@ PoolerGemm::PoolerGemm(const TensorRef& weight, int tp, Options options)
   // kernel, so setting it cannot lower another's), one CTA per SM.
   for (int b : batches)
     if (choice_[b - 1]->engine == PoolerGemmEngine::ring) {
-      const int rows = choice_[b - 1]->ring_rows, smem = ring_smem(b, rows);
-      int optin = 0;
+      const int smem = kernels::ring::smem_bytes(ring_tile(b));
+      int optin = 0, sms = 0;
       CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
-      CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device_));
+      CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_));
       SPARK_CHECK_RUNTIME(smem <= optin, "pooler GEMM ring engine: needs ", smem,
                           " bytes of shared memory per block; cuda:", device_, " allows ", optin);
-      CUDA_CHECK(cudaFuncSetAttribute(ring_kernel(b, rows), cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      CUDA_CHECK(cudaFuncSetAttribute(ring_kernel(b), cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      ring_ctas_ = std::min(n_ / kPoolerRingRows, sms);
     }
 }
 
@@ -180,7 +176,7 @@ void PoolerGemm::launch(const void* x, void* out, int m, cudaStream_t stream, bo
   if (c.engine == PoolerGemmEngine::mma)
     (publish ? mma_publish_ : mma_)->run(x, out, m, stream);
   else if (c.engine == PoolerGemmEngine::ring)
-    launch_ring(weight_, x, out, n_, k_, m, c.ring_rows, sms_, stream, enable_pdl_, publish ? mailbox_ : nullptr);
+    launch_ring(weight_, x, out, n_, k_, m, ring_ctas_, stream, enable_pdl_, publish ? mailbox_ : nullptr);
   else
     launch_skinny(c.shape, weight_, x, out, n_, k_, m, stream, enable_pdl_, publish ? mailbox_ : nullptr);
 }

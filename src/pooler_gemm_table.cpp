@@ -28,8 +28,7 @@ std::string PoolerGemmChoice::to_string() const {
   switch (engine) {
     case PoolerGemmEngine::skinny: return shape.to_string();
     case PoolerGemmEngine::mma: return "mma(Unpooler engine)";
-    case PoolerGemmEngine::ring:
-      return ring_rows == kPoolerRingRows ? "ring(cp.async stages)" : "ring(cp.async stages, 16-row tiles)";
+    case PoolerGemmEngine::ring: return "ring(cp.async stages)";
   }
   return "?";
 }
@@ -81,10 +80,8 @@ std::optional<std::string> pooler_choice_unsupported(int n, int k, int m, const 
   if (c.engine == PoolerGemmEngine::skinny) return pooler_gemm_unsupported(n, k, m, c.shape);
   if (c.engine == PoolerGemmEngine::ring) {
     if (auto why = batch_unsupported(m)) return why;
-    if (c.ring_rows != 32 && c.ring_rows != 16)
-      return detail::concat("pooler GEMM ring engine: tiles of ", c.ring_rows, " rows (compiled: 32, 16)");
-    if (n <= 0 || n % c.ring_rows)
-      return detail::concat("pooler GEMM ring engine: N = ", n, " is not a positive multiple of ", c.ring_rows);
+    if (n <= 0 || n % kPoolerRingRows)
+      return detail::concat("pooler GEMM ring engine: N = ", n, " is not a positive multiple of ", kPoolerRingRows);
     if (k <= 0 || k % kPoolerRingKMultiple)
       return detail::concat("pooler GEMM ring engine: K = ", k, " is not a positive multiple of ",
                             kPoolerRingKMultiple, " (8 warps x 128)");
@@ -99,9 +96,6 @@ std::vector<PoolerGemmChoice> pooler_gemm_candidates() {
   out.push_back(c);
   c.engine = PoolerGemmEngine::ring;
   out.push_back(c);
-  c.ring_rows = 16;
-  out.push_back(c);
-  c.ring_rows = kPoolerRingRows;
   c.engine = PoolerGemmEngine::skinny;
   for (const auto& s : pooler_gemm_shapes()) {
     c.shape = s;

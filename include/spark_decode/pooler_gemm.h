@@ -10,9 +10,7 @@
 //           used as a GEMM over this weight);
 //   ring    a streaming tensor-core GEMM whose weights reach the MMA through
 //           per-warp rings of shared-memory stages filled by cp.async, one
-//           CTA per SM walking row tiles of 32 or 16 rows
-//           (src/kernels/pooler/ring_gemm.cuh); both tile heights give the
-//           same bits.
+//           CTA per SM (src/kernels/pooler/ring_gemm.cuh).
 // Each is bitwise reproducible and batch invariant for a fixed engine and
 // shape (SPEC §5); the engines sum in different orders, so their results
 // differ in the last bits, and a row's result depends on which engine the
@@ -24,9 +22,8 @@
 //        capability 9.0+ (RuntimeError below); N % outputs_per_block == 0
 //        and K % (8 block_size k_unroll) == 0 for a skinny shape; the
 //        Unpooler's own conditions for mma (Unpooler::unsupported); N % 32
-//        (16 for 16-row tiles) == 0 and K % 1024 == 0 for ring, whose 225
-//        KiB (209 KiB) of shared memory per CTA the device must allow
-//        (RuntimeError otherwise);
+//        == 0 and K % 1024 == 0 for ring, whose 225 KiB of shared memory
+//        per CTA the device must allow (RuntimeError otherwise);
 //   x    BF16 [m, K] contiguous 16-byte aligned on W's device;
 //   out  BF16 [m, N] contiguous 16-byte aligned on W's device, not
 //        overlapping x; m one of the batches prepared at construction;
@@ -60,8 +57,8 @@ class LamportMailbox;
 class Unpooler;
 
 inline constexpr int kPoolerMaxBatch = 16;
-// The ring engine's granularity: rows per tile (its wider tile; 16 is the
-// other), and the K every warp's stages divide (8 warps x 128).
+// The ring engine's granularity: rows per tile, and the K every warp's
+// stages divide (8 warps x 128).
 inline constexpr int kPoolerRingRows = 32;
 inline constexpr int kPoolerRingKMultiple = 1024;
 
@@ -82,7 +79,6 @@ const char* engine_name(PoolerGemmEngine engine);
 struct PoolerGemmChoice {
   PoolerGemmEngine engine = PoolerGemmEngine::skinny;
   PoolerGemmShape shape;  // for skinny (ignored by the others)
-  int ring_rows = kPoolerRingRows;  // for ring: rows per tile, 32 or 16
   std::string to_string() const;
 };
 
@@ -148,7 +144,7 @@ class PoolerGemm {
   std::unique_ptr<Unpooler> mma_;
   LamportMailbox* mailbox_ = nullptr;
   std::unique_ptr<Unpooler> mma_publish_;  // the MMA engine publishing into mailbox_
-  int sms_ = 0;                             // the ring engine's grid: min(N / rows, SMs)
+  int ring_ctas_ = 0;                      // the ring engine's grid: min(N / 32, SMs)
 
   void launch(const void* x, void* out, int m, cudaStream_t stream, bool publish) const;
 };

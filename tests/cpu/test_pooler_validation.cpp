@@ -150,19 +150,15 @@ TEST(PoolerGemmShapes, TableCoversEveryModelShapeAndBatch) {
 
 TEST(PoolerGemmShapes, CandidatesNameEveryEngineAndShapeOnce) {
   const auto all = sd::pooler_gemm_candidates();
-  ASSERT_EQ(all.size(), 3 + sd::pooler_gemm_shapes().size());
+  ASSERT_EQ(all.size(), 2 + sd::pooler_gemm_shapes().size());
   EXPECT_EQ(all[0].engine, sd::PoolerGemmEngine::mma);
   EXPECT_EQ(all[1].engine, sd::PoolerGemmEngine::ring);
-  EXPECT_EQ(all[1].ring_rows, 32);
-  EXPECT_EQ(all[2].engine, sd::PoolerGemmEngine::ring);
-  EXPECT_EQ(all[2].ring_rows, 16);
-  EXPECT_NE(all[1].to_string(), all[2].to_string());
-  for (size_t i = 3; i < all.size(); ++i) {
+  for (size_t i = 2; i < all.size(); ++i) {
     EXPECT_EQ(all[i].engine, sd::PoolerGemmEngine::skinny);
-    EXPECT_EQ(all[i].shape, sd::pooler_gemm_shapes()[i - 3]);
+    EXPECT_EQ(all[i].shape, sd::pooler_gemm_shapes()[i - 2]);
   }
   // The skinny shape's own reasons; the MMA engine's are the Unpooler's, at construction.
-  const auto skinny = all[3];
+  const auto skinny = all[2];
   EXPECT_EQ(sd::pooler_choice_unsupported(2049, 8192, 1, skinny), sd::pooler_gemm_unsupported(2049, 8192, 1, skinny.shape));
   EXPECT_TRUE(sd::pooler_choice_unsupported(2049, 8192, 1, skinny));  // N odd
   EXPECT_FALSE(sd::pooler_choice_unsupported(2049, 8192, 1, all.front()));
@@ -171,13 +167,10 @@ TEST(PoolerGemmShapes, CandidatesNameEveryEngineAndShapeOnce) {
 
 TEST(PoolerGemmShapes, RingEngineGivesItsReasons) {
   const sd::PoolerGemmChoice ring{sd::PoolerGemmEngine::ring, {}};
-  sd::PoolerGemmChoice ring16 = ring;
-  ring16.ring_rows = 16;
   for (int tp : sd::kTensorParallelSizes)
     for (int b = 1; b <= sd::kPoolerMaxBatch; ++b)
-      for (const auto& c : {ring, ring16})
-        EXPECT_FALSE(sd::pooler_choice_unsupported(sd::kMuseSpark.pooled / tp, sd::kMuseSpark.hidden, b, c))
-            << "tp " << tp << " b " << b << " " << c.to_string();
+      EXPECT_FALSE(sd::pooler_choice_unsupported(sd::kMuseSpark.pooled / tp, sd::kMuseSpark.hidden, b, ring))
+          << "tp " << tp << " b " << b;
   auto reason = [&](int n, int k, int m) {
     const auto why = sd::pooler_choice_unsupported(n, k, m, ring);
     return why ? *why : std::string("(none)");
@@ -190,13 +183,4 @@ TEST(PoolerGemmShapes, RingEngineGivesItsReasons) {
   EXPECT_NE(reason(2048, 8192, 0).find("m = 0 outside [1, 16]"), std::string::npos) << reason(2048, 8192, 0);
   EXPECT_NE(reason(2048, 8192, 17).find("m = 17"), std::string::npos);
   EXPECT_EQ(sd::PoolerGemmChoice(ring).to_string(), "ring(cp.async stages)");
-  // 16-row tiles: N % 16 suffices; other heights have no kernel.
-  EXPECT_FALSE(sd::pooler_choice_unsupported(2048 + 16, 8192, 1, ring16));
-  EXPECT_NE(sd::pooler_choice_unsupported(2048 + 8, 8192, 1, ring16).value_or("").find("N = 2056 is not a positive multiple of 16"),
-            std::string::npos);
-  sd::PoolerGemmChoice ring8 = ring;
-  ring8.ring_rows = 8;
-  EXPECT_NE(sd::pooler_choice_unsupported(2048, 8192, 1, ring8).value_or("").find("tiles of 8 rows (compiled: 32, 16)"),
-            std::string::npos);
-  EXPECT_EQ(ring16.to_string(), "ring(cp.async stages, 16-row tiles)");
 }

@@ -15,17 +15,14 @@
 // never stops until its last tile. (At the pooler's own shapes a CTA gets
 // one tile: tp 1 has 128 on 132 SMs; several where N > 32 x SMs.)
 //
-// Shape: tiles of 16 R rows (R = 2: two 16-row MMA tiles sharing every x
-// fragment; R = 1: one, for grids that would otherwise leave SMs idle: tp 2
-// has 64 tiles of 32 rows for 132 SMs); CTA c owns tiles c, c + gridDim.x,
-// ... (gridDim.x <= the SM count); its kWarps warps split K: warp w owns K
-// [w K / 8, (w + 1) K / 8) of every tile. A stage is 128 K of the tile's
-// rows for one warp (4 R KiB): 8 R copies of 16 bytes per lane, in the
-// Unpooler's row-swizzled pattern (each instruction reads 4 rows x 128
-// contiguous bytes); a lane then reads the half its MMA fragment needs from
-// its partner lane's slot, which replaces the Unpooler's shuffle. A warp's
-// ring is D = 6 / R stages deep, 24 KiB in flight either way. Stage j + D
-// refills stage j's slot once stage j's MMAs are issued. The first D
+// Shape: tiles of 32 rows (two 16-row MMA tiles); CTA c owns tiles
+// c, c + gridDim.x, ... (gridDim.x <= the SM count); its kRingWarps warps
+// split K: warp w owns K [w K / 8, (w + 1) K / 8) of every tile. A stage is
+// 128 K of the tile's 32 rows for one warp (8 KiB): 16 copies of 16 bytes
+// per lane, in the Unpooler's row-swizzled pattern (each instruction reads 4
+// rows x 128 contiguous bytes); a lane then reads the half its MMA fragment
+// needs from its partner lane's slot, which replaces the Unpooler's shuffle.
+// Stage j + D refills stage j's slot once stage j's MMAs are issued. The first D
 // stages are issued before griddepcontrol.wait (weights; programmatic
 // dependent launch streams them under the previous kernel's tail); x only
 // after it, each stage's x into registers one stage ahead (x's L2 latency
@@ -35,9 +32,8 @@
 // Summation order (reproducible, batch invariant): a warp accumulates its K
 // range in MMA steps in K order into accumulator set step % 2, the sets
 // summed 0 then 1; the 8 warp partials are summed in warp order. Fixed by K
-// alone: not by m, R, the other rows, the tile order or the grid (so both
-// tile heights give the same bits). It differs from the other engines'
-// orders (last bits).
+// alone: not by m, the other rows, the tile order or the grid. It differs
+// from the other engines' orders (last bits).
 //
 // Fused publish (args.publish): the epilogue also writes each tile's y into
 // the mailbox, the bytes and stage word the mailbox's own publisher writes.
@@ -56,31 +52,29 @@
 namespace spark_decode::kernels {
 
 namespace ring {
-inline constexpr int kWarps = 8;     // per CTA (one CTA per SM)
-inline constexpr int kStageK = 128;  // K per stage
+inline constexpr int kWarps = 8;        // per CTA (one CTA per SM)
+inline constexpr int kDepth = 3;        // stages per warp's ring
+inline constexpr int kRows = 32;        // rows per tile (two MMA tiles)
+inline constexpr int kStageK = 128;     // K per stage
+inline constexpr int kSlots = 16;       // 16-byte copies per lane per stage
+inline constexpr int kStageBytes = kSlots * 32 * 16;
 inline constexpr int kKMultiple = kWarps * kStageK;  // K must be a multiple
-__host__ __device__ constexpr int rows(int r) { return 16 * r; }  // rows per tile
-__host__ __device__ constexpr int depth(int r) { return 6 / r; }  // stages per warp's ring
-__host__ __device__ constexpr int slots(int r) { return 8 * r; }  // 16-byte copies per lane per stage
-__host__ __device__ constexpr int stage_bytes(int r) { return slots(r) * 32 * 16; }
 // Shared memory: the rings, two tiles' warp partials (FP32, by tile parity),
-// the tile's y (BF16 [16][16 R]).
-__host__ __device__ constexpr int smem_bytes(int tile, int r) {
-  return kWarps * depth(r) * stage_bytes(r) + 2 * kWarps * r * tile * 16 * 4 + 16 * rows(r) * 2;
+// the tile's y (BF16 [16][32]).
+__host__ __device__ constexpr int smem_bytes(int tile) {
+  return kWarps * kDepth * kStageBytes + 2 * kWarps * 2 * tile * 16 * 4 + 16 * kRows * 2;
 }
 }  // namespace ring
 
-template <int TILE, int R>
+template <int TILE>
 __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const PoolerGemmArgs a) {
   SPARK_TRACE_CTA(kRingGemm);
-  constexpr int W = ring::kWarps, D = ring::depth(R), ACCS = 2;
-  constexpr int kRows = ring::rows(R), kSlots = ring::slots(R), kStageBytes = ring::stage_bytes(R);
+  constexpr int W = ring::kWarps, D = ring::kDepth, ACCS = 2;
   constexpr int kNt = TILE / 8;
   constexpr int kV = ring::kStageK / kUnpoolerBlockK;  // 4 vectors per row per stage
-  constexpr int kPartial = R * TILE * 16;              // floats per warp partial of a tile
-  static_assert(R == 1 || R == 2);
+  constexpr int kPartial = 2 * TILE * 16;              // floats per warp partial of a tile
   extern __shared__ __align__(16) unsigned char smem[];  // 16-byte copies and reads only
-  float* const partials = reinterpret_cast<float*>(smem + W * D * kStageBytes);
+  float* const partials = reinterpret_cast<float*>(smem + W * D * ring::kStageBytes);
   __nv_bfloat16* const y_tile = reinterpret_cast<__nv_bfloat16*>(partials + 2 * W * kPartial);
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -89,15 +83,15 @@ __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const P
   const int k = a.k;
   const int kw = k / W;
   const int spt = kw / ring::kStageK;  // stages per tile
-  const int tiles = a.n / kRows;
+  const int tiles = a.n / ring::kRows;
   const int my_tiles = blockIdx.x < tiles ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
   const int total = my_tiles * spt;  // this warp's stages
   const uint64_t policy = ptx::l2_policy_evict_first();
-  const uint32_t ring_base = ptx::smem_addr(smem) + warp * D * kStageBytes;
+  const uint32_t ring_base = ptx::smem_addr(smem) + warp * D * ring::kStageBytes;
   // Copy slot idx of stage slot s, lane ln: idx = (row tile r, vector v,
   // half ab: rows g or g + 8) as (r kV + v) 2 + ab; a slot is 32 lanes x 16
   // bytes, so a warp's reads of one slot are conflict-free.
-  auto slot_addr = [&](int s, int idx, int ln) { return ring_base + (s * kSlots + idx) * 512 + ln * 16; };
+  auto slot_addr = [&](int s, int idx, int ln) { return ring_base + (s * ring::kSlots + idx) * 512 + ln * 16; };
   auto idx_of = [](int r, int v, int ab) { return (r * kV + v) * 2 + ab; };
 
   // Stage j's copies (an empty group past the end keeps the wait counts
@@ -107,13 +101,13 @@ __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const P
   auto issue = [&](int j) {
     if (j < total) {
       const int tile = blockIdx.x + (j / spt) * gridDim.x, ks = j % spt;
-      const size_t row0 = size_t(tile) * kRows;
+      const size_t row0 = size_t(tile) * ring::kRows;
       const int kb = warp * kw + ks * ring::kStageK + t * 8;
       const __nv_bfloat16* w_p = a.w + (row0 + g / 2) * k + kb + (odd ? kUnpoolerBlockK : 0);
       const __nv_bfloat16* w_q = a.w + (row0 + 4 + g / 2) * k + kb + (odd ? 0 : kUnpoolerBlockK);
       const int s = j % D;
 #pragma unroll
-      for (int r = 0; r < R; ++r)
+      for (int r = 0; r < 2; ++r)
 #pragma unroll
         for (int v = 0; v < kV; v += 2) {
           const size_t at = size_t(r) * 16 * k + v * kUnpoolerBlockK;
@@ -134,7 +128,7 @@ __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const P
   SPARK_TRACE_WAITED();
   ptx::griddep_launch_dependents();
   const bool publishing = a.publish.mode != mailbox_dev::PublishTarget::kNone;
-  constexpr int kItems = kRows / 8;  // 16-byte vectors of y per token and tile
+  constexpr int kItems = ring::kRows / 8;  // 16-byte vectors of y per token and tile
   uint32_t stage = 0;
   if (publishing && threadIdx.x < kItems * a.m)
     stage = mailbox_dev::publish_stage(a.publish, threadIdx.x == 0 && blockIdx.x == 0);
@@ -155,7 +149,7 @@ __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const P
   };
   load_x(0);
 
-  float acc[R][ACCS][kNt][4];
+  float acc[2][ACCS][kNt][4];
   for (int j = 0; j < total; ++j) {
     const int ks = j % spt, s = j % D, tile_i = j / spt;
 #pragma unroll
@@ -165,7 +159,7 @@ __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const P
     load_x(j + 1);
     if (ks == 0) {
 #pragma unroll
-      for (int r = 0; r < R; ++r)
+      for (int r = 0; r < 2; ++r)
 #pragma unroll
         for (int c = 0; c < ACCS; ++c)
 #pragma unroll
@@ -183,9 +177,9 @@ __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const P
       // Unpooler's row swizzle): slot q + (g & 1) of this lane holds vector
       // q of them and the same slot of its partner g ^ 1 vector q + 1 (what
       // the Unpooler's unswizzle_pair exchanges by shuffle).
-      uint4 wa[R][2], wb[R][2];  // [r][0]: vector q, [r][1]: vector q + 1
+      uint4 wa[2][2], wb[2][2];  // [r][0]: vector q, [r][1]: vector q + 1
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
+      for (int r = 0; r < 2; ++r) {
         wa[r][0] = ptx::ld_shared_v4(slot_addr(s, idx_of(r, q + odd, 0), lane));
         wa[r][1] = ptx::ld_shared_v4(slot_addr(s, idx_of(r, q + odd, 0), lane ^ 4));
         wb[r][0] = ptx::ld_shared_v4(slot_addr(s, idx_of(r, q + odd, 1), lane));
@@ -198,7 +192,7 @@ __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const P
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
-          for (int r = 0; r < R; ++r) {
+          for (int r = 0; r < 2; ++r) {
             const uint32_t am[4] = {word(wa[r][p], 2 * h), word(wb[r][p], 2 * h), word(wa[r][p], 2 * h + 1),
                                     word(wb[r][p], 2 * h + 1)};
 #pragma unroll
@@ -217,7 +211,7 @@ __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const P
       // already orders this tile's reads before the next tile's writes.)
       float* mine = partials + ((tile_i & 1) * W + warp) * kPartial + lane * 4;
 #pragma unroll
-      for (int r = 0; r < R; ++r)
+      for (int r = 0; r < 2; ++r)
 #pragma unroll
         for (int nt = 0; nt < kNt; ++nt) {
           float o[4];
@@ -235,13 +229,13 @@ __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const P
         float sum = buf[e];
 #pragma unroll
         for (int w2 = 1; w2 < W; ++w2) sum += buf[w2 * kPartial + e];
-        y_tile[token * kRows + row] = __float2bfloat16_rn(sum);
+        y_tile[token * ring::kRows + row] = __float2bfloat16_rn(sum);
       }
       __syncthreads();
       // Item (token, c): features [8c, 8c + 8) of the tile for one token.
       // (y_tile is rewritten only after the next tile's first barrier, which
       // every thread reaches after these reads.)
-      const int col0 = (blockIdx.x + tile_i * gridDim.x) * kRows;
+      const int col0 = (blockIdx.x + tile_i * gridDim.x) * ring::kRows;
       if (threadIdx.x < kItems * a.m) {
         const int token = threadIdx.x / kItems, col = col0 + (threadIdx.x % kItems) * 8;
         const uint4 y = *reinterpret_cast<const uint4*>(y_tile + threadIdx.x * 8);

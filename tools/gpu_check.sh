@@ -56,18 +56,18 @@ if has sanitize; then
   all="*-*Zz*:SharedGpus.*"
   # (racecheck needs ~10x memcheck's time: PoolerFused's 100,000 rows do not
   # fit its 4 minutes, nor does the chain of [8192, 8192] GEMMs of
-  # PoolerGemm.PdlChainEqualsPlainChain; the same kernels run in PoolerEdge,
-  # Pooler.* and PoolerGemm.TableAndEveryEngine*. It runs in two halves of 4
-  # minutes each.)
+  # PoolerGemm.PdlChainEqualsPlainChain or the ring engine's every-distribution
+  # test; the same kernels run in PoolerEdge, Pooler.*,
+  # PoolerGemm.TableAndEveryEngine* and the publish tests, the ring with several
+  # tiles per CTA in PoolerGemmPublish.*SeveralTilesPerCta. The publish tests
+  # alone take ~3 minutes under racecheck (6a75a62), so the pooler's half is
+  # split in two.)
   kernels="UnpoolerGpu.*:PoolerGemm.*:PoolerExpertNorm.*:PoolerNvfp4.*"
-  pooler="PoolerGemmPublish.*:PoolerEdge.*:Pooler.SixtyTwo*OneGpu"
+  publish="PoolerGemmPublish.*"
+  pooler="PoolerEdge.*:Pooler.SixtyTwo*OneGpu"
   n=0
-  # The ring engine's partner-slot reads and slot reuse, at a small shape
-  # where its CTAs own several tiles (its every-distribution test is too long
-  # for racecheck).
-  ring="PoolerGemmPublish.FusedEqualsRunPlusPublishSeveralTilesPerCta"
-  for run in memcheck:"$all" racecheck:"$kernels-PoolerGemm.PdlChain*:PoolerGemm.RingEngine*" racecheck:"$pooler" \
-             racecheck:"$ring" synccheck:"$kernels:$pooler"; do
+  for run in memcheck:"$all" racecheck:"$kernels-PoolerGemm.PdlChain*:PoolerGemm.RingEngine*" racecheck:"$publish" \
+             racecheck:"$pooler" synccheck:"$kernels:$publish:$pooler"; do
     tool=${run%%:*} filter=${run#*:} n=$((n + 1))
     echo "-- $tool: $filter" | tee -a "$LOG"
     timeout 240 "$SAN" --tool "$tool" --error-exitcode 9 "$T" --gtest_filter="$filter" >"$OUT/san_${n}_$tool.txt" 2>&1

@@ -127,27 +127,28 @@ PoolerGemmChoice ring() {
 
 // Measured on an H200 (bench/results/pooler_tune_2026-12-02_c5a28e4, `tune
 // pooler --b 1,2,3,4,6`, the MMA engine at its tactic-table rows, with the
-// row-swizzled weight loads; the ring engine: pooler_engines_2026-12-02_d2436d0,
-// _bf38560, pooler_2026-12-02_{e1d3297,8036fc5_run_engines,9c57432}). The
-// engines give different bits, and PDL on must equal off, so one choice
-// serves both modes: the one with the lowest sum of the GEMM's time with PDL
-// off, in a PDL chain, and Pooler.run's (a PDL chain through the whole
-// boundary, `bench pooler --run-engines`). At b = 1 the skinny GEMM (tp 1:
-// 16.8 us with PDL off, 16.0 in a PDL chain, Pooler.run 19.6-19.8; the MMA
-// engine 18.0, 15.5 and 18.8-19.0: a tie by the sum, and the skinny GEMM is
-// what PDL off gets; tp 4 and 8 the skinny GEMM in both modes); from b = 2 on
-// the MMA engine (tp 1, b = 2: 18.1 / 15.6 against the best skinny shape's
-// 18.3 / 16.8), its time flat in b while the skinny GEMM's CUDA-core FMAs and
-// its per-4-rows re-reads of x grow with b; except at tp 1 for b = 9..14,
-// where the ring engine's stream hides the second n8 MMA of the 16-token
-// tile (b = 9: 18.94 / 16.52 / 22.03 us against 20.21 / 17.20 / 21.96; b = 14:
-// 19.36 / 17.33 / 22.45 against 20.34 / 17.22 / 22.43). Its time grows with b
-// where the MMA engine's is flat: b = 15 is a tie (19.54 / 17.65 / 22.76
-// against 20.36 / 17.27 / 22.38) and b = 16 the MMA engine's (19.64 / 17.78 /
-// 22.84 against 20.41 / 17.34 / 22.43), both left to the MMA engine. At
-// b <= 8 the ring is level with PDL off and slower in the chain and in
-// Pooler.run, and at tp 2 its 64 CTAs leave half the SMs idle (1-3 us
-// slower; 16-row tiles on 128 CTAs were no faster): the MMA engine there.
+// row-swizzled weight loads; the ring engine:
+// pooler_engines_2026-12-02_d2436d0, _bf38560,
+// pooler_2026-12-02_{e1d3297,8036fc5_run_engines,9c57432}). The engines give
+// different bits, and PDL on must equal off, so one choice serves both modes:
+// the one with the lowest sum of the GEMM's time with PDL off, in a PDL chain,
+// and Pooler.run's (a PDL chain through the whole boundary, `bench pooler
+// --run-engines`; tools/rank_pooler.py). At b = 1 the skinny GEMM (tp 1: 16.8
+// us with PDL off, 16.0 in a PDL chain, Pooler.run 19.6-19.8; the MMA engine
+// 18.0, 15.5 and 18.8-19.0: a tie by the sum, and the skinny GEMM is what PDL
+// off gets; tp 4 and 8 the skinny GEMM in both modes); from b = 2 on the MMA
+// engine (tp 1, b = 2: 18.1 / 15.6 against the best skinny shape's 18.3 /
+// 16.8), its time flat in b while the skinny GEMM's CUDA-core FMAs and its
+// per-4-rows re-reads of x grow with b; except at tp 1 for b = 9..14, where the
+// ring engine's stream hides the second n8 MMA of the 16-token tile (b = 9:
+// 18.94 / 16.52 / 22.03 us against 20.21 / 17.20 / 21.96; b = 14: 19.36 / 17.33
+// / 22.45 against 20.34 / 17.22 / 22.43). Its time grows with b where the MMA
+// engine's is flat: b = 15 is a tie (19.54 / 17.65 / 22.76 against 20.36 /
+// 17.27 / 22.38) and b = 16 the MMA engine's (19.64 / 17.78 / 22.84 against
+// 20.41 / 17.34 / 22.43), both left to the MMA engine. At b <= 8 the ring is
+// level with PDL off and slower in the chain and in Pooler.run, and at tp 2 its
+// 64 CTAs leave half the SMs idle (1-3 us slower; 16-row tiles on 128 CTAs were
+// no faster): the MMA engine there.
 PoolerGemmChoice table_entry(int tp, int b) {
   if (b == 1) return skinny(512, 4, 2);
   if (tp == 1 && b >= 9 && b <= 14) return ring();

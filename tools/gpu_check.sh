@@ -113,7 +113,11 @@ if has publish; then
 fi
 if has pooler; then
   say "bench pooler $(date -u +%T)"
-  build/h200/spark-decode bench pooler --out "$OUT" 2>&1 | tee -a "$LOG" || rc=1
+  # Pooler.run also on the MMA and ring engines: the engine table weighs the
+  # GEMM's two modes and Pooler.run (tools/rank_pooler.py ranks them).
+  build/h200/spark-decode bench pooler --run-engines mma,ring --out "$OUT" 2>&1 | tee -a "$LOG" || rc=1
+  latest=$(ls -t "$OUT"/pooler_2*.json 2>/dev/null | head -1)
+  [ -n "$latest" ] && python3 tools/rank_pooler.py "$latest" 2>&1 | tee -a "$LOG"
 fi
 if has gather; then
   say "bench gather $(date -u +%T)"

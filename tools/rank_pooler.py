@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""Ranks the pooler GEMM's engines per (tp, b) from one `bench pooler` run, the
+way its engine table (src/pooler_gemm_table.cpp) is chosen.
+
+The engines sum in different orders and PDL on must give the same bits as off,
+so one engine serves a batch size in every mode. It is the one with the lowest
+sum of three times from the same run: the GEMM alone with PDL off (mode graph),
+the GEMM in a PDL chain (mode pdl_chain), and Pooler.run with every layer's
+GEMM on that engine (`--run-engines`; a PDL chain through the whole boundary).
+Where the run has no Pooler.run time for some engine of a (tp, b), that (tp, b)
+ranks by the GEMM's two modes alone and says so.
+
+  spark-decode bench pooler --engines table,mma,ring --run-engines mma,ring ...
+  tools/rank_pooler.py bench/results/pooler_DATE.json [--tp 1]
+"""
+import argparse
+import json
+import re
+import sys
+from collections import defaultdict
+
+RUN_ENGINE = re.compile(r"^run \(PDL; engine (.+)\)$")
+
+
+def load(path):
+    """({(tp, b): {engine: {"graph": us, "pdl_chain": us, "run": us}}},
+    {(tp, b): the table's engine}) of the spark records."""
+    times = defaultdict(lambda: defaultdict(dict))
+    table, table_times, table_run = {}, defaultdict(dict), {}
+    with open(path) as f:
+        records = json.load(f)["records"]
+    for r in records:
+        if r["impl"] != "spark":
+            continue
+        key = (r["tp"], r["m"])
+        variant = r.get("variant", "")
+        if r["op"] == "pooler_gemm":
+            if variant.startswith("table="):
+                table[key] = variant[len("table="):]
+                table_times[key][r["mode"]] = r["us"]
+            else:
+                times[key][variant][r["mode"]] = r["us"]
+        elif r["op"] == "pooler":
+            found = RUN_ENGINE.match(variant)
+            if found:
+                times[key][found.group(1)]["run"] = r["us"]
+            elif variant.startswith("run (PDL; publish route of the table)"):
+                table_run[key] = r["us"]
+    # The table's own records time its engine where the run has none of that
+    # engine's own (the sweep named fewer engines than the table uses).
+    for key, engine in table.items():
+        for mode, us in table_times[key].items():
+            times[key][engine].setdefault(mode, us)
+        if key in table_run and engine in times[key]:
+            times[key][engine].setdefault("run", table_run[key])
+    return times, table
+
+
+def rank(times):
+    """{(tp, b): (with_run, [(sum, engine, graph, pdl_chain, run or None)])} best
+    first; engines missing a GEMM mode are left out."""
+    ranked = {}
+    for key in sorted(times):
+        engines = {e: t for e, t in times[key].items() if "graph" in t and "pdl_chain" in t}
+        if not engines:
+            continue
+        with_run = all("run" in t for t in engines.values())
+        rows = []
+        for e, t in engines.items():
+            run = t.get("run") if with_run else None
+            rows.append((t["graph"] + t["pdl_chain"] + (run or 0.0), e, t["graph"], t["pdl_chain"], run))
+        ranked[key] = (with_run, sorted(rows))
+    return ranked
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("json", help="a `bench pooler` JSON with several engines (--engines, --run-engines)")
+    ap.add_argument("--tp", type=int, help="only this tp")
+    args = ap.parse_args(argv)
+    times, table = load(args.json)
+    for (tp, b), (with_run, rows) in rank(times).items():
+        if args.tp and tp != args.tp:
+            continue
+        what = "GEMM off + chain + Pooler.run" if with_run else "GEMM off + chain (no Pooler.run for every engine)"
+        chosen = table.get((tp, b))
+        verdict = "" if chosen is None else ("  table agrees" if chosen == rows[0][1] else f"  table has {chosen}")
+        print(f"tp {tp} b {b}: {what}, us{verdict}")
+        for total, e, off, chain, run in rows:
+            parts = f"{off:6.2f} + {chain:6.2f}" + (f" + {run:6.2f}" if run is not None else "")
+            print(f"  {total:7.2f} = {parts}  {e}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

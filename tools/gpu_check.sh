@@ -65,15 +65,30 @@ if has sanitize; then
   kernels="UnpoolerGpu.*:PoolerGemm.*:PoolerExpertNorm.*:PoolerNvfp4.*"
   publish="PoolerGemmPublish.*"
   pooler="PoolerEdge.*:Pooler.SixtyTwo*OneGpu"
-  n=0
-  for run in memcheck:"$all" racecheck:"$kernels-PoolerGemm.PdlChain*:PoolerGemm.RingEngine*" racecheck:"$publish" \
-             racecheck:"$pooler" synccheck:"$kernels:$publish:$pooler"; do
-    tool=${run%%:*} filter=${run#*:} n=$((n + 1))
-    echo "-- $tool: $filter" | tee -a "$LOG"
-    timeout 240 "$SAN" --tool "$tool" --error-exitcode 9 "$T" --gtest_filter="$filter" >"$OUT/san_${n}_$tool.txt" 2>&1
-    st=$?
-    grep -E "^\[  (PASSED|FAILED|SKIPPED) |ERROR SUMMARY|RACECHECK SUMMARY|^=+ (Invalid|Race|Barrier|Error)" \
-      "$OUT/san_${n}_$tool.txt" | sort | uniq -c | head -20 | tee -a "$LOG"
+  # SANITIZE_RUNS picks runs by number (default all five), SANITIZE_TIMEOUT is
+  # each run's limit in seconds (default 240), SANITIZE_PARALLEL=1 runs them at
+  # once on the one GPU (five runs in turn do not fit a device call's 600 s).
+  runs=(memcheck:"$all" racecheck:"$kernels-PoolerGemm.PdlChain*:PoolerGemm.RingEngine*" racecheck:"$publish"
+        racecheck:"$pooler" synccheck:"$kernels:$publish:$pooler")
+  san_run() {  # n tool filter
+    timeout "${SANITIZE_TIMEOUT:-240}" "$SAN" --tool "$2" --error-exitcode 9 "$T" --gtest_filter="$3" \
+      >"$OUT/san_${1}_$2.txt" 2>&1
+    echo $? >"$OUT/san_${1}_$2.rc"
+  }
+  picked=()
+  for n in ${SANITIZE_RUNS:-1 2 3 4 5}; do
+    run=${runs[$((n - 1))]}
+    picked+=("$n")
+    if [ "${SANITIZE_PARALLEL:-0}" = 1 ]; then san_run "$n" "${run%%:*}" "${run#*:}" &
+    else san_run "$n" "${run%%:*}" "${run#*:}"; fi
+  done
+  wait
+  for n in "${picked[@]}"; do
+    run=${runs[$((n - 1))]} tool=${run%%:*}
+    echo "-- $tool: ${run#*:}" | tee -a "$LOG"
+    grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[       OK |ERROR SUMMARY|RACECHECK SUMMARY|^=+ (Invalid|Race|Barrier|Error)" \
+      "$OUT/san_${n}_$tool.txt" | sed -E 's/ \([0-9]+ ms\)//' | sort | uniq -c | head -40 | tee -a "$LOG"
+    st=$(cat "$OUT/san_${n}_$tool.rc")
     echo "-- $tool exit $st" | tee -a "$LOG"
     [ "$st" -eq 0 ] || rc=1
   done

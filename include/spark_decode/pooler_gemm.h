@@ -70,8 +70,13 @@ struct PoolerGemmShape {
   int outputs_per_block = 4;
   int k_unroll = 4;
   std::string to_string() const;
-  bool operator==(const PoolerGemmShape&) const = default;
+  // Written out for C++17 consumers (see UnpoolerTactic).
+  bool operator==(const PoolerGemmShape& o) const {
+    return block_size == o.block_size && outputs_per_block == o.outputs_per_block && k_unroll == o.k_unroll;
+  }
+  bool operator!=(const PoolerGemmShape& o) const { return !(*this == o); }
 };
+static_assert(sizeof(PoolerGemmShape) == 3 * sizeof(int), "a field was added to PoolerGemmShape: add it to operator== too");
 
 enum class PoolerGemmEngine { skinny, mma, ring };
 const char* engine_name(PoolerGemmEngine engine);

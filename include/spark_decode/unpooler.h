@@ -101,8 +101,17 @@ struct UnpoolerTactic {
 
   int warps(int k) const { return k / (splits * kw); }
   std::string to_string() const;
-  bool operator==(const UnpoolerTactic&) const = default;
+  // Written out (not defaulted) so that the public headers stay C++17 for
+  // C++17 consumers such as vLLM's extension; a new field joins it (the
+  // static_assert below counts the bytes).
+  bool operator==(const UnpoolerTactic& o) const {
+    return splits == o.splits && kw == o.kw && accs == o.accs && token_tile == o.token_tile &&
+           row_tiles == o.row_tiles && cluster_balance == o.cluster_balance && row_swizzle == o.row_swizzle;
+  }
+  bool operator!=(const UnpoolerTactic& o) const { return !(*this == o); }
 };
+static_assert(sizeof(UnpoolerTactic) == 3 * sizeof(int) + 2 * kUnpoolerMaxM * sizeof(int) + sizeof(int),  // + 2 bools, padded
+              "a field was added to UnpoolerTactic: add it to operator== too");
 
 // One row of the tactic table: the launch shape measured fastest for [n, k].
 struct UnpoolerTacticEntry {

@@ -1,0 +1,15 @@
+# ctest install_consumer: cmake -DBUILD=<build dir> -DSOURCE=<tests/install>
+#   -DWORK=<scratch> -P run.cmake
+# Installs the build into WORK/prefix, configures and builds the consumer
+# against it alone, and runs it.
+file(REMOVE_RECURSE ${WORK})
+foreach(step
+    "${CMAKE_COMMAND};--install;${BUILD};--prefix;${WORK}/prefix"
+    "${CMAKE_COMMAND};-S;${SOURCE};-B;${WORK}/build;-G;Ninja;-DCMAKE_PREFIX_PATH=${WORK}/prefix;-DCMAKE_BUILD_TYPE=Release"
+    "${CMAKE_COMMAND};--build;${WORK}/build"
+    "${WORK}/build/consumer")
+  execute_process(COMMAND ${step} RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "install_consumer: `${step}` failed (${rc})")
+  endif()
+endforeach()

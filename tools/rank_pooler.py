@@ -7,8 +7,10 @@ so one engine serves a batch size in every mode. It is the one with the lowest
 sum of three times from the same run: the GEMM alone with PDL off (mode graph),
 the GEMM in a PDL chain (mode pdl_chain), and Pooler.run with every layer's
 GEMM on that engine (`--run-engines`; a PDL chain through the whole boundary).
-Where the run has no Pooler.run time for some engine of a (tp, b), that (tp, b)
-ranks by the GEMM's two modes alone and says so.
+Where at least two engines of a (tp, b) have all three times, those rank by
+the three and the engines without a Pooler.run time (the skinny GEMM's other
+launch shapes in a full sweep) are listed after them, unranked; otherwise the
+(tp, b) ranks by the GEMM's two modes alone and says so.
 
   spark-decode bench pooler --engines table,mma,ring --run-engines mma,ring ...
   tools/rank_pooler.py bench/results/pooler_DATE.json [--tp 1]
@@ -57,19 +59,25 @@ def load(path):
 
 
 def rank(times):
-    """{(tp, b): (with_run, [(sum, engine, graph, pdl_chain, run or None)])} best
-    first; engines missing a GEMM mode are left out."""
+    """{(tp, b): (with_run, [(sum, engine, graph, pdl_chain, run or None)] best
+    first, [the same for engines left unranked, by their two-mode sum])};
+    engines missing a GEMM mode are left out."""
     ranked = {}
     for key in sorted(times):
         engines = {e: t for e, t in times[key].items() if "graph" in t and "pdl_chain" in t}
         if not engines:
             continue
-        with_run = all("run" in t for t in engines.values())
-        rows = []
+        with_run = sum("run" in t for t in engines.values()) >= 2
+        rows, others = [], []
         for e, t in engines.items():
-            run = t.get("run") if with_run else None
-            rows.append((t["graph"] + t["pdl_chain"] + (run or 0.0), e, t["graph"], t["pdl_chain"], run))
-        ranked[key] = (with_run, sorted(rows))
+            two = t["graph"] + t["pdl_chain"]
+            if not with_run:
+                rows.append((two, e, t["graph"], t["pdl_chain"], None))
+            elif "run" in t:
+                rows.append((two + t["run"], e, t["graph"], t["pdl_chain"], t["run"]))
+            else:
+                others.append((two, e, t["graph"], t["pdl_chain"], None))
+        ranked[key] = (with_run, sorted(rows), sorted(others))
     return ranked
 
 
@@ -79,16 +87,20 @@ def main(argv):
     ap.add_argument("--tp", type=int, help="only this tp")
     args = ap.parse_args(argv)
     times, table = load(args.json)
-    for (tp, b), (with_run, rows) in rank(times).items():
+    for (tp, b), (with_run, rows, others) in rank(times).items():
         if args.tp and tp != args.tp:
             continue
-        what = "GEMM off + chain + Pooler.run" if with_run else "GEMM off + chain (no Pooler.run for every engine)"
+        what = "GEMM off + chain + Pooler.run" if with_run else "GEMM off + chain (Pooler.run for fewer than two engines)"
         chosen = table.get((tp, b))
         verdict = "" if chosen is None else ("  table agrees" if chosen == rows[0][1] else f"  table has {chosen}")
         print(f"tp {tp} b {b}: {what}, us{verdict}")
         for total, e, off, chain, run in rows:
             parts = f"{off:6.2f} + {chain:6.2f}" + (f" + {run:6.2f}" if run is not None else "")
             print(f"  {total:7.2f} = {parts}  {e}")
+        if others:
+            print("  not ranked (no Pooler.run), GEMM off + chain:")
+        for total, e, off, chain, _ in others:
+            print(f"  {total:7.2f} = {off:6.2f} + {chain:6.2f}  {e}")
     return 0
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """tools/rank_pooler.py on hand-made `bench pooler` records: the three-figure
-sum per (tp, b), the two-figure fallback where an engine lacks Pooler.run,
-engines missing a GEMM mode left out, the table's choice read back."""
+sum per (tp, b) over the engines with a Pooler.run time (the others listed
+unranked), the two-figure fallback where fewer than two have one, engines
+missing a GEMM mode left out, the table's choice read back."""
 import io
 import json
 import os
@@ -36,6 +37,7 @@ def write(records):
 
 MMA, RING = "mma(Unpooler engine)", "ring(cp.async stages)"
 SKINNY = "skinny(block_size=512, outputs_per_block=4, k_unroll=2)"
+SKINNY2 = "skinny(block_size=512, outputs_per_block=2, k_unroll=2)"
 
 
 class RankPooler(unittest.TestCase):
@@ -68,26 +70,34 @@ class RankPooler(unittest.TestCase):
             {"op": "pooler", "impl": "spark", "variant": "run (PDL; publish route of the table)", "mode": "graph",
              "tp": 1, "m": 1, "n": 4096, "k": 8192, "us": 19.6, "floor_us": 1.0},
             gemm(MMA, 1, 1, "graph", 18.0), gemm(MMA, 1, 1, "pdl_chain", 15.5), run(MMA, 1, 1, 18.8),
+            # b 1 also has another skinny shape, fastest by the GEMM's two modes
+            # (32.0) but without Pooler.run: listed, not ranked.
+            gemm(SKINNY2, 1, 1, "graph", 16.5), gemm(SKINNY2, 1, 1, "pdl_chain", 15.5),
         ])
-        with_run, rows = ranked[(1, 9)]
+        with_run, rows, others = ranked[(1, 9)]
         self.assertTrue(with_run)
+        self.assertEqual(others, [])
         self.assertEqual([r[1] for r in rows], [MMA, RING])
         self.assertAlmostEqual(rows[0][0], 20.0 + 17.2 + 22.2)
-        with_run, rows = ranked[(1, 12)]
+        with_run, rows, others = ranked[(1, 12)]
         self.assertFalse(with_run)
+        self.assertEqual(others, [])
         self.assertEqual(rows[0][1], RING)
         self.assertIsNone(rows[0][4])
         self.assertAlmostEqual(rows[0][0], 19.2 + 17.0)
         self.assertNotIn((2, 1), ranked)
         self.assertEqual(table, {(1, 9): RING, (1, 1): SKINNY})
-        with_run, rows = ranked[(1, 1)]
+        with_run, rows, others = ranked[(1, 1)]
         self.assertTrue(with_run)
         self.assertEqual([r[1] for r in rows], [MMA, SKINNY])
         self.assertAlmostEqual(rows[1][0], 16.8 + 16.0 + 19.6)
+        self.assertEqual([(o[1], o[0]) for o in others], [(SKINNY2, 32.0)])
+        self.assertIn(f"tp 1 b 1: GEMM off + chain + Pooler.run, us  table has {SKINNY}", text)
+        self.assertIn("not ranked (no Pooler.run)", text)
         # b 9: the table's records do not replace the ring's own.
         self.assertAlmostEqual(ranked[(1, 9)][1][1][2], 19.0)
         self.assertIn(f"tp 1 b 9: GEMM off + chain + Pooler.run, us  table has {RING}", text)
-        self.assertIn("tp 1 b 12: GEMM off + chain (no Pooler.run for every engine)", text)
+        self.assertIn("tp 1 b 12: GEMM off + chain (Pooler.run for fewer than two engines)", text)
 
 
 if __name__ == "__main__":

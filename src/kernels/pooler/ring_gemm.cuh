@@ -25,9 +25,11 @@
 // Stage j + D refills stage j's slot once stage j's MMAs are issued. The first D
 // stages are issued before griddepcontrol.wait (weights; programmatic
 // dependent launch streams them under the previous kernel's tail); x only
-// after it, each stage's x into registers one stage ahead (x's L2 latency
+// after it, each stage's x into registers ahead of its MMAs (x's L2 latency
 // would otherwise sit on every stage's critical path: measured, 0.3-1.2 us
-// per call at b = 4..16).
+// per call at b = 4..16): at the 8-token tile as many stages ahead as the
+// weights, in a ring of register sets; at the 16-token tile one stage, which
+// measured faster there (x_ahead).
 //
 // Summation order (reproducible, batch invariant): a warp accumulates its K
 // range in MMA steps in K order into accumulator set step % 2, the sets
@@ -54,6 +56,15 @@ namespace spark_decode::kernels {
 namespace ring {
 inline constexpr int kWarps = 8;        // per CTA (one CTA per SM)
 inline constexpr int kDepth = 3;        // stages per warp's ring
+// Stages x is loaded ahead of its MMAs, by token tile (measured, one H200,
+// bench/NOTES.md): 3 at the 8-token tile (as far ahead as the weights:
+// 0.2-0.7 us faster at b <= 8 than 1), 1 at 16 (2 or 3 were 0.3-1.3 us slower).
+__host__ __device__ constexpr int x_ahead(int tile) {
+#ifdef SPARK_RING_X_AHEAD8
+  if (tile == 8) return SPARK_RING_X_AHEAD8;
+#endif
+  return tile == 8 ? 3 : 1;
+}
 inline constexpr int kRows = 32;        // rows per tile (two MMA tiles)
 inline constexpr int kStageK = 128;     // K per stage
 inline constexpr int kSlots = 16;       // 16-byte copies per lane per stage
@@ -69,7 +80,7 @@ __host__ __device__ constexpr int smem_bytes(int tile) {
 template <int TILE>
 __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const PoolerGemmArgs a) {
   SPARK_TRACE_CTA(kRingGemm);
-  constexpr int W = ring::kWarps, D = ring::kDepth, ACCS = 2;
+  constexpr int W = ring::kWarps, D = ring::kDepth, R = ring::x_ahead(TILE);
   constexpr int kNt = TILE / 8;
   constexpr int kV = ring::kStageK / kUnpoolerBlockK;  // 4 vectors per row per stage
   constexpr int kPartial = 2 * TILE * 16;              // floats per warp partial of a tile
@@ -133,35 +144,31 @@ __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const P
   if (publishing && threadIdx.x < kItems * a.m)
     stage = mailbox_dev::publish_stage(a.publish, threadIdx.x == 0 && blockIdx.x == 0);
 
-  // x of stage jj (the same K for every tile): xb holds the next stage's,
-  // copied into xa as the stage begins.
-  uint4 xa[kV][kNt], xb[kV][kNt];
-  auto load_x = [&](int jj) {
+  // x of stage jj (the same K for every tile) into a register set.
+  using XSet = uint4[kV][kNt];
+  auto load_x = [&](XSet& dst, int jj) {
     const int kx = warp * kw + (jj % spt) * ring::kStageK + t * 8;
 #pragma unroll
     for (int v = 0; v < kV; ++v)
 #pragma unroll
       for (int nt = 0; nt < kNt; ++nt) {
         const int token = nt * 8 + g;
-        xb[v][nt] = jj < total && token < a.m ? ptx::ld_v4(a.x + size_t(token) * k + kx + v * kUnpoolerBlockK)
-                                              : make_uint4(0, 0, 0, 0);
+        dst[v][nt] = jj < total && token < a.m ? ptx::ld_v4(a.x + size_t(token) * k + kx + v * kUnpoolerBlockK)
+                                               : make_uint4(0, 0, 0, 0);
       }
   };
-  load_x(0);
 
-  float acc[2][ACCS][kNt][4];
-  for (int j = 0; j < total; ++j) {
+  // acc[r][h]: MMA step 2 (ks kV + v) + h goes to set (step + h) % 2 = h.
+  float acc[2][2][kNt][4];
+  // Stage j with its x in xs; after_mma runs once every lane has issued the
+  // stage's MMAs (xs may be reloaded from there on).
+  auto stage_body = [&](int j, const XSet& xs, auto&& after_mma) {
     const int ks = j % spt, s = j % D, tile_i = j / spt;
-#pragma unroll
-    for (int v = 0; v < kV; ++v)
-#pragma unroll
-      for (int nt = 0; nt < kNt; ++nt) xa[v][nt] = xb[v][nt];
-    load_x(j + 1);
     if (ks == 0) {
 #pragma unroll
       for (int r = 0; r < 2; ++r)
 #pragma unroll
-        for (int c = 0; c < ACCS; ++c)
+        for (int c = 0; c < 2; ++c)
 #pragma unroll
           for (int nt = 0; nt < kNt; ++nt)
 #pragma unroll
@@ -188,7 +195,6 @@ __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const P
 #pragma unroll
       for (int p = 0; p < 2; ++p) {
         const int v = q + p;
-        const int step = 2 * (ks * kV + v);  // the MMA step of this vector's first half
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
@@ -197,12 +203,12 @@ __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const P
                                     word(wb[r][p], 2 * h + 1)};
 #pragma unroll
             for (int nt = 0; nt < kNt; ++nt)
-              ptx::mma_m16n8k16_bf16(acc[r][(step + h) % ACCS][nt], am, word(xa[v][nt], 2 * h),
-                                     word(xa[v][nt], 2 * h + 1));
+              ptx::mma_m16n8k16_bf16(acc[r][h][nt], am, word(xs[v][nt], 2 * h), word(xs[v][nt], 2 * h + 1));
           }
       }
     }
     __syncwarp();  // every lane has read slot s (partners read each other's)
+    after_mma();
     issue(j + D);
 
     if (ks == spt - 1) {
@@ -245,6 +251,34 @@ __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const P
                                     a.publish.layout.offset(stage, a.publish.rank, token, col),
                                     mailbox_dev::publish_vec(y));
       }
+    }
+  };
+
+  if constexpr (R > 1) {
+    // x R stages ahead, like the weights' D: set u holds stage j's x for
+    // j = u (mod R), reloaded with stage j + R's once stage j's MMAs are
+    // issued. The loop is unrolled by R so that every set's index is a
+    // constant (registers cannot be indexed).
+    XSet xr[R];
+#pragma unroll
+    for (int u = 0; u < R; ++u) load_x(xr[u], u);
+    for (int j0 = 0; j0 < total; j0 += R)
+#pragma unroll
+      for (int u = 0; u < R; ++u)
+        if (j0 + u < total) stage_body(j0 + u, xr[u], [&] { load_x(xr[u], j0 + u + R); });
+  } else {
+    // x one stage ahead: xb holds the next stage's, copied into xa as the
+    // stage begins (the copy waits for it, so a warp has one stage of x in
+    // flight at a time).
+    XSet xa, xb;
+    load_x(xb, 0);
+    for (int j = 0; j < total; ++j) {
+#pragma unroll
+      for (int v = 0; v < kV; ++v)
+#pragma unroll
+        for (int nt = 0; nt < kNt; ++nt) xa[v][nt] = xb[v][nt];
+      load_x(xb, j + 1);
+      stage_body(j, xa, [] {});
     }
   }
   ptx::cp_async_wait<0>();  // the empty trailing groups

@@ -27,9 +27,9 @@
 // dependent launch streams them under the previous kernel's tail); x only
 // after it, each stage's x into registers ahead of its MMAs (x's L2 latency
 // would otherwise sit on every stage's critical path: measured, 0.3-1.2 us
-// per call at b = 4..16): at the 8-token tile as many stages ahead as the
-// weights, in a ring of register sets; at the 16-token tile one stage, which
-// measured faster there (x_ahead).
+// per call at b = 4..16): at the 8-token tile about as many stages ahead as
+// the weights, in a ring of register sets; at the 16-token tile one stage,
+// which measured faster there (x_ahead).
 //
 // Summation order (reproducible, batch invariant): a warp accumulates its K
 // range in MMA steps in K order into accumulator set step % 2, the sets
@@ -56,14 +56,15 @@ namespace spark_decode::kernels {
 namespace ring {
 inline constexpr int kWarps = 8;        // per CTA (one CTA per SM)
 inline constexpr int kDepth = 3;        // stages per warp's ring
-// Stages x is loaded ahead of its MMAs, by token tile (measured, one H200,
-// bench/NOTES.md): 3 at the 8-token tile (as far ahead as the weights:
-// 0.2-0.7 us faster at b <= 8 than 1), 1 at 16 (2 or 3 were 0.3-1.3 us slower).
+// Register sets of x per warp, by token tile: x is loaded x_ahead - 1 stages
+// ahead of its MMAs (measured, one H200, bench/NOTES.md): 4 sets at the
+// 8-token tile, as far ahead as the weights; at 16 one stage (xa, xb below),
+// where 2 and 3 sets measured 0.3-1.3 us slower.
 __host__ __device__ constexpr int x_ahead(int tile) {
 #ifdef SPARK_RING_X_AHEAD8
   if (tile == 8) return SPARK_RING_X_AHEAD8;
 #endif
-  return tile == 8 ? 3 : 1;
+  return tile == 8 ? 4 : 1;
 }
 inline constexpr int kRows = 32;        // rows per tile (two MMA tiles)
 inline constexpr int kStageK = 128;     // K per stage
@@ -152,17 +153,15 @@ __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const P
     for (int v = 0; v < kV; ++v)
 #pragma unroll
       for (int nt = 0; nt < kNt; ++nt) {
-        const int token = nt * 8 + g;
-        dst[v][nt] = jj < total && token < a.m ? ptx::ld_v4(a.x + size_t(token) * k + kx + v * kUnpoolerBlockK)
-                                               : make_uint4(0, 0, 0, 0);
+        const int token = nt * 8 + g < a.m ? nt * 8 + g : 0;
+        dst[v][nt] = ptx::ld_v4(a.x + size_t(token) * k + kx + v * kUnpoolerBlockK);
       }
   };
 
   // acc[r][h]: MMA step 2 (ks kV + v) + h goes to set (step + h) % 2 = h.
   float acc[2][2][kNt][4];
-  // Stage j with its x in xs; after_mma runs once every lane has issued the
-  // stage's MMAs (xs may be reloaded from there on).
-  auto stage_body = [&](int j, const XSet& xs, auto&& after_mma) {
+  // Stage j with its x in xs.
+  auto stage_body = [&](int j, const XSet& xs) {
     const int ks = j % spt, s = j % D, tile_i = j / spt;
     if (ks == 0) {
 #pragma unroll
@@ -208,7 +207,6 @@ __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const P
       }
     }
     __syncwarp();  // every lane has read slot s (partners read each other's)
-    after_mma();
     issue(j + D);
 
     if (ks == spt - 1) {
@@ -255,17 +253,23 @@ __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const P
   };
 
   if constexpr (R > 1) {
-    // x R stages ahead, like the weights' D: set u holds stage j's x for
-    // j = u (mod R), reloaded with stage j + R's once stage j's MMAs are
-    // issued. The loop is unrolled by R so that every set's index is a
-    // constant (registers cannot be indexed).
+    // x R - 1 stages ahead in a ring of R register sets: set u holds stage
+    // j's x for j = u (mod R); as stage j begins, the set stage j - 1 used
+    // takes stage j + R - 1's. Issued there, before the stage's wait, MMAs and
+    // copies (issued after a stage's MMAs, ptxas placed them behind the
+    // stage's 16 weight copies, where they arrive last). The loop is unrolled
+    // by R so that every set's index is a constant (registers cannot be
+    // indexed).
     XSet xr[R];
 #pragma unroll
-    for (int u = 0; u < R; ++u) load_x(xr[u], u);
+    for (int u = 0; u < R - 1; ++u) load_x(xr[u], u);
     for (int j0 = 0; j0 < total; j0 += R)
 #pragma unroll
       for (int u = 0; u < R; ++u)
-        if (j0 + u < total) stage_body(j0 + u, xr[u], [&] { load_x(xr[u], j0 + u + R); });
+        if (j0 + u < total) {
+          load_x(xr[(u + R - 1) % R], j0 + u + R - 1);
+          stage_body(j0 + u, xr[u]);
+        }
   } else {
     // x one stage ahead: xb holds the next stage's, copied into xa as the
     // stage begins (the copy waits for it, so a warp has one stage of x in
@@ -278,7 +282,7 @@ __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const P
 #pragma unroll
         for (int nt = 0; nt < kNt; ++nt) xa[v][nt] = xb[v][nt];
       load_x(xb, j + 1);
-      stage_body(j, xa, [] {});
+      stage_body(j, xa);
     }
   }
   ptx::cp_async_wait<0>();  // the empty trailing groups

@@ -91,14 +91,6 @@ __device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
 __device__ __forceinline__ uint4 ld_v4(const void* ptr) {
   return *static_cast<const uint4*>(ptr);
 }
-// The same load pinned in program order among the volatile operations around
-// it (cp.async copies, their commits and waits): for a stream whose requests
-// must reach the memory system ahead of the copies issued after them.
-__device__ __forceinline__ uint4 ld_v4_in_order(const void* ptr) {
-  uint4 v;
-  asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(ptr) : "memory");
-  return v;
-}
 
 // ---- memory-ordering wrappers (system scope: peers over NVLink) -----------
 

@@ -145,7 +145,12 @@ __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const P
   if (publishing && threadIdx.x < kItems * a.m)
     stage = mailbox_dev::publish_stage(a.publish, threadIdx.x == 0 && blockIdx.x == 0);
 
-  // x of stage jj (the same K for every tile) into a register set.
+  // x of stage jj (the same K for every tile) into a register set. Loaded
+  // unconditionally (a predicated load was scheduled late): lanes of tokens
+  // past m read token 0's row, the same addresses as its own lanes (no more
+  // traffic), into MMA columns that are never stored (an output column
+  // depends on its own token's column alone); stages past the last re-read
+  // a valid one.
   using XSet = uint4[kV][kNt];
   auto load_x = [&](XSet& dst, int jj) {
     const int kx = warp * kw + (jj % spt) * ring::kStageK + t * 8;

@@ -27,9 +27,9 @@
 // dependent launch streams them under the previous kernel's tail); x only
 // after it, each stage's x into registers ahead of its MMAs (x's L2 latency
 // would otherwise sit on every stage's critical path: measured, 0.3-1.2 us
-// per call at b = 4..16): at the 8-token tile about as many stages ahead as
-// the weights, in a ring of register sets; at the 16-token tile one stage,
-// which measured faster there (x_ahead).
+// per call at b = 4..16): at the 8-token tile as many stages ahead as the
+// weights, in a ring of register sets; at the 16-token tile one stage, which
+// measured faster there (x_sets).
 //
 // Summation order (reproducible, batch invariant): a warp accumulates its K
 // range in MMA steps in K order into accumulator set step % 2, the sets
@@ -56,15 +56,14 @@ namespace spark_decode::kernels {
 namespace ring {
 inline constexpr int kWarps = 8;        // per CTA (one CTA per SM)
 inline constexpr int kDepth = 3;        // stages per warp's ring
-// Register sets of x per warp, by token tile: x is loaded x_ahead - 1 stages
-// ahead of its MMAs (measured, one H200, bench/NOTES.md): 4 sets at the
-// 8-token tile, as far ahead as the weights; at 16 one stage (xa, xb below),
-// where 2 and 3 sets measured 0.3-1.3 us slower.
-__host__ __device__ constexpr int x_ahead(int tile) {
-#ifdef SPARK_RING_X_AHEAD8
-  if (tile == 8) return SPARK_RING_X_AHEAD8;
+// Register sets of x per warp, by token tile (measured, one H200,
+// bench/NOTES.md): 3 at the 8-token tile (x loaded as far ahead as the
+// weights); 1 at 16, where 2 or 3 measured 0.3-1.3 us slower.
+__host__ __device__ constexpr int x_sets(int tile) {
+#ifdef SPARK_RING_X_SETS8
+  if (tile == 8) return SPARK_RING_X_SETS8;
 #endif
-  return tile == 8 ? 4 : 1;
+  return tile == 8 ? 3 : 1;
 }
 inline constexpr int kRows = 32;        // rows per tile (two MMA tiles)
 inline constexpr int kStageK = 128;     // K per stage
@@ -81,7 +80,7 @@ __host__ __device__ constexpr int smem_bytes(int tile) {
 template <int TILE>
 __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const PoolerGemmArgs a) {
   SPARK_TRACE_CTA(kRingGemm);
-  constexpr int W = ring::kWarps, D = ring::kDepth, R = ring::x_ahead(TILE);
+  constexpr int W = ring::kWarps, D = ring::kDepth, R = ring::x_sets(TILE);
   constexpr int kNt = TILE / 8;
   constexpr int kV = ring::kStageK / kUnpoolerBlockK;  // 4 vectors per row per stage
   constexpr int kPartial = 2 * TILE * 16;              // floats per warp partial of a tile
@@ -145,12 +144,7 @@ __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const P
   if (publishing && threadIdx.x < kItems * a.m)
     stage = mailbox_dev::publish_stage(a.publish, threadIdx.x == 0 && blockIdx.x == 0);
 
-  // x of stage jj (the same K for every tile) into a register set. Loaded
-  // unconditionally (a predicated load was scheduled late): lanes of tokens
-  // past m read token 0's row, the same addresses as its own lanes (no more
-  // traffic), into MMA columns that are never stored (an output column
-  // depends on its own token's column alone); stages past the last re-read
-  // a valid one.
+  // x of stage jj (the same K for every tile) into a register set.
   using XSet = uint4[kV][kNt];
   auto load_x = [&](XSet& dst, int jj) {
     const int kx = warp * kw + (jj % spt) * ring::kStageK + t * 8;
@@ -158,15 +152,38 @@ __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const P
     for (int v = 0; v < kV; ++v)
 #pragma unroll
       for (int nt = 0; nt < kNt; ++nt) {
-        const int token = nt * 8 + g < a.m ? nt * 8 + g : 0;
-        dst[v][nt] = ptx::ld_v4(a.x + size_t(token) * k + kx + v * kUnpoolerBlockK);
+        const int token = nt * 8 + g;
+        dst[v][nt] = jj < total && token < a.m ? ptx::ld_v4(a.x + size_t(token) * k + kx + v * kUnpoolerBlockK)
+                                               : make_uint4(0, 0, 0, 0);
       }
   };
+  // R > 1: set u holds stage j's x for j = u (mod R), reloaded with stage
+  // j + R's once stage j's MMAs are issued. R = 1: xr[0] is the stage's x,
+  // xn the next stage's, copied in as the stage begins (the copy waits for
+  // it, so a warp has one stage of x in flight).
+  XSet xr[R], xn;
+  if constexpr (R > 1) {
+#pragma unroll
+    for (int u = 0; u < R; ++u) load_x(xr[u], u);
+  } else {
+    load_x(xn, 0);
+  }
 
   // acc[r][h]: MMA step 2 (ks kV + v) + h goes to set (step + h) % 2 = h.
   float acc[2][2][kNt][4];
-  // Stage j with its x in xs.
-  auto stage_body = [&](int j, const XSet& xs) {
+  // Unrolled by R so that every register set's index is a constant.
+  for (int j0 = 0; j0 < total; j0 += R)
+#pragma unroll
+  for (int u = 0; u < R; ++u) {
+    const int j = j0 + u;
+    if (j >= total) break;
+    if constexpr (R == 1) {
+#pragma unroll
+      for (int v = 0; v < kV; ++v)
+#pragma unroll
+        for (int nt = 0; nt < kNt; ++nt) xr[0][v][nt] = xn[v][nt];
+      load_x(xn, j + 1);
+    }
     const int ks = j % spt, s = j % D, tile_i = j / spt;
     if (ks == 0) {
 #pragma unroll
@@ -207,11 +224,12 @@ __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const P
                                     word(wb[r][p], 2 * h + 1)};
 #pragma unroll
             for (int nt = 0; nt < kNt; ++nt)
-              ptx::mma_m16n8k16_bf16(acc[r][h][nt], am, word(xs[v][nt], 2 * h), word(xs[v][nt], 2 * h + 1));
+              ptx::mma_m16n8k16_bf16(acc[r][h][nt], am, word(xr[u][v][nt], 2 * h), word(xr[u][v][nt], 2 * h + 1));
           }
       }
     }
     __syncwarp();  // every lane has read slot s (partners read each other's)
+    if constexpr (R > 1) load_x(xr[u], j + R);
     issue(j + D);
 
     if (ks == spt - 1) {
@@ -254,40 +272,6 @@ __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const P
                                     a.publish.layout.offset(stage, a.publish.rank, token, col),
                                     mailbox_dev::publish_vec(y));
       }
-    }
-  };
-
-  if constexpr (R > 1) {
-    // x R - 1 stages ahead in a ring of R register sets: set u holds stage
-    // j's x for j = u (mod R); as stage j begins, the set stage j - 1 used
-    // takes stage j + R - 1's. Issued there, before the stage's wait, MMAs and
-    // copies (issued after a stage's MMAs, ptxas placed them behind the
-    // stage's 16 weight copies, where they arrive last). The loop is unrolled
-    // by R so that every set's index is a constant (registers cannot be
-    // indexed).
-    XSet xr[R];
-#pragma unroll
-    for (int u = 0; u < R - 1; ++u) load_x(xr[u], u);
-    for (int j0 = 0; j0 < total; j0 += R)
-#pragma unroll
-      for (int u = 0; u < R; ++u)
-        if (j0 + u < total) {
-          load_x(xr[(u + R - 1) % R], j0 + u + R - 1);
-          stage_body(j0 + u, xr[u]);
-        }
-  } else {
-    // x one stage ahead: xb holds the next stage's, copied into xa as the
-    // stage begins (the copy waits for it, so a warp has one stage of x in
-    // flight at a time).
-    XSet xa, xb;
-    load_x(xb, 0);
-    for (int j = 0; j < total; ++j) {
-#pragma unroll
-      for (int v = 0; v < kV; ++v)
-#pragma unroll
-        for (int nt = 0; nt < kNt; ++nt) xa[v][nt] = xb[v][nt];
-      load_x(xb, j + 1);
-      stage_body(j, xa);
     }
   }
   ptx::cp_async_wait<0>();  // the empty trailing groups

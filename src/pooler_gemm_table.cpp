@@ -145,9 +145,11 @@ PoolerGemmChoice ring() {
 // / 22.45 against 20.34 / 17.22 / 22.43). Its time grows with b where the MMA
 // engine's is flat: b = 15 is a tie (19.54 / 17.65 / 22.76 against 20.36 /
 // 17.27 / 22.38) and b = 16 the MMA engine's (19.64 / 17.78 / 22.84 against
-// 20.41 / 17.34 / 22.43), both left to the MMA engine. At b <= 8 the ring is
-// level with PDL off and slower in the chain and in Pooler.run, and at tp 2 its
-// 64 CTAs leave half the SMs idle (1-3 us slower; 16-row tiles on 128 CTAs were
+// 20.41 / 17.34 / 22.43), both left to the MMA engine. At b <= 8 the ring, since
+// its x was loaded three stages ahead (f0f5dbd, pooler_2026-12-02_f0f5dbd), is
+// level with the MMA engine by the sum (within 0.1-0.26 us at tp 1 b = 2..8:
+// faster in the chain, slower in Pooler.run; b = 1 a three-way tie), and at
+// tp 2 its 64 CTAs leave half the SMs idle (1-3 us slower; 16-row tiles on 128 CTAs were
 // no faster): the MMA engine there.
 PoolerGemmChoice table_entry(int tp, int b) {
   if (b == 1) return skinny(512, 4, 2);

@@ -3,6 +3,7 @@
 before its griddepcontrol.wait: the GEMMs stream weights there (SPEC §2.1:
 "weights are loaded before griddepcontrol.wait") and read nothing else; no
 kernel touches mailbox memory or stage words there (no strong load, no store).
+And one order after it that a measured speed depends on (X_BEFORE_COPIES).
 
 Why a machine-code check: the order in the source and the PTX is not the
 order that runs. ptxas moved every `ld.global.nc` weight load of the GEMMs
@@ -45,6 +46,32 @@ KERNELS = {
 # Kernels whose weight streams are cp.async copies into shared memory
 # (LDGSTS): only there does an LDGSTS before the wait count as a weight load.
 CP_ASYNC = ("16ring_gemm_kernel",)
+
+
+# Kernels whose x loads after the wait (plain LDG) must reach the memory
+# system ahead of the weight copies (LDGSTS) of the same cp.async group: the
+# ring engine at its 8-token tile loads x three stages ahead, and that paid
+# (0.2-0.9 us, bench/NOTES.md "The ring's x loads") only where ptxas put the
+# loads before the copies; a rewrite of the same source that it scheduled
+# behind them was 0.3-1.3 us slower than loading x one stage ahead.
+X_BEFORE_COPIES = ("16ring_gemm_kernelILi8E",)
+
+
+def x_after_copies(code, wait):
+    """The first cp.async group after the wait whose weight copies are not
+    preceded by an x load of their own group, or None."""
+    group = []
+    for ins in code[wait + 1:]:
+        if re.search(r"\bLDGDEPBAR\b", ins):
+            copies = [i for i, g in enumerate(group) if "LDGSTS" in g]
+            xs = [i for i, g in enumerate(group)
+                  if re.search(r"\bLDG\.", g) and ".STRONG" not in g and ".NA" not in g]
+            if copies and (not xs or xs[-1] > copies[0]):
+                return group
+            group = []
+        else:
+            group.append(ins)
+    return None
 
 
 def find_tool(name):
@@ -111,6 +138,8 @@ def main(objects):
                                     + next(ins for ins in loads if ".STRONG" in ins))
                 if stores:
                     failures.append(f"{cubin} {fn}: a store before griddepcontrol.wait: {stores[0]}")
+                if any(frag in fn for frag in X_BEFORE_COPIES) and x_after_copies(code, waits[0]) is not None:
+                    failures.append(f"{cubin} {fn}: x loads scheduled behind the weight copies of a cp.async group")
     if checked == 0:
         print("FAILED: none of the checked kernels was found in " + " ".join(objects))
         return 1

@@ -1,0 +1,53 @@
+#!/usr/bin/env python3
+"""tools/check_sass.py's order check on hand-made instruction lists: x loads
+ahead of a group's weight copies pass; x loads behind them, or a copy group
+with none, fail; strong loads (mailbox state) and weight streams (.NA) are
+not x loads; groups without copies are not judged."""
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tools"))
+import check_sass  # noqa: E402
+
+COPY = "LDGSTS.E.BYPASS.128 [R1], desc[UR4][R2.64]"
+X = "LDG.E.128 R4, desc[UR4][R6.64]"
+COMMIT = "LDGDEPBAR"
+WAIT = "ACQBULK"
+MMA = "HMMA.16816.F32.BF16 R8, R12, R16, R8"
+
+
+def prologue():
+    return [COPY] * 2 + [COMMIT] + [COPY] * 2 + [COMMIT] + [WAIT]
+
+
+class XBeforeCopies(unittest.TestCase):
+    def check(self, body):
+        code = prologue() + body
+        return check_sass.x_after_copies(code, code.index(WAIT))
+
+    def test_x_ahead_of_every_group_passes(self):
+        body = ["LDG.E.STRONG.SYS R4, desc[UR4][R6.64]", X, X, "DEPBAR.LE SB0, 0x2", MMA, X, COPY, COPY, COMMIT,
+                MMA, X, COPY, COPY, COMMIT, "BAR.SYNC.DEFER_BLOCKING 0x0"]
+        self.assertIsNone(self.check(body))
+
+    def test_x_behind_the_copies_fails(self):
+        body = [X, MMA, X, COPY, COPY, COMMIT, MMA, COPY, COPY, X, COMMIT]
+        self.assertIsNotNone(self.check(body))
+
+    def test_a_copy_group_without_x_fails(self):
+        body = [X, MMA, X, COPY, COMMIT, MMA, COPY, COMMIT]
+        self.assertIsNotNone(self.check(body))
+
+    def test_strong_and_weight_loads_are_not_x(self):
+        for load in ("LDG.E.STRONG.SYS R4, desc[UR4][R6.64]", "LDG.E.NA.128 R4, desc[UR4][R6.64]"):
+            with self.subTest(load=load):
+                self.assertIsNotNone(self.check([MMA, load, COPY, COMMIT]))
+
+    def test_groups_without_copies_and_code_before_the_wait_are_not_judged(self):
+        # The prologue's groups are copies alone (weights before the wait).
+        self.assertIsNone(self.check([X, COMMIT, MMA, COMMIT]))
+
+
+if __name__ == "__main__":
+    unittest.main()

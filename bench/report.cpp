@@ -8,12 +8,9 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "git_commit.h"  // generated at build time: SPARK_DECODE_GIT_COMMIT
 #include "harness.h"
 #include "spark_decode/error.h"
-
-#ifndef SPARK_DECODE_GIT_COMMIT
-#define SPARK_DECODE_GIT_COMMIT "unknown"
-#endif
 
 namespace spark_decode::bench {
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """tools/check_sass.py's order check on hand-made instruction lists: x loads
-ahead of a group's weight copies pass; x loads behind them, or a copy group
-with none, fail; strong loads (mailbox state) and weight streams (.NA) are
-not x loads; groups without copies are not judged."""
+ahead of a group's weight copies pass; x loads behind or between them, a copy
+group with none, or x loads left after the last group fail; strong loads
+(mailbox state) and weight streams (.NA) are not x loads; groups without
+copies are not judged."""
 import os
 import sys
 import unittest
@@ -33,6 +34,15 @@ class XBeforeCopies(unittest.TestCase):
 
     def test_x_behind_the_copies_fails(self):
         body = [X, MMA, X, COPY, COPY, COMMIT, MMA, COPY, COPY, X, COMMIT]
+        self.assertIsNotNone(self.check(body))
+
+    def test_x_between_the_copies_fails(self):
+        self.assertIsNotNone(self.check([MMA, X, COPY, X, COPY, COMMIT]))
+
+    def test_x_moved_past_its_own_commit_fails(self):
+        # Each stage's x behind its copies and commit: it opens the next group
+        # ahead of that group's copies, but the last stage's is left over.
+        body = [X, MMA, COPY, COPY, COMMIT, X, MMA, COPY, COPY, COMMIT, X, "BAR.SYNC.DEFER_BLOCKING 0x0"]
         self.assertIsNotNone(self.check(body))
 
     def test_a_copy_group_without_x_fails(self):

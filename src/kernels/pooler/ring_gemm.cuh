@@ -57,14 +57,10 @@ namespace ring {
 inline constexpr int kWarps = 8;        // per CTA (one CTA per SM)
 inline constexpr int kDepth = 3;        // stages per warp's ring
 // Register sets of x per warp, by token tile (measured, one H200,
-// bench/NOTES.md): 3 at the 8-token tile (x loaded as far ahead as the
-// weights); 1 at 16, where 2 or 3 measured 0.3-1.3 us slower.
-__host__ __device__ constexpr int x_sets(int tile) {
-#ifdef SPARK_RING_X_SETS8
-  if (tile == 8) return SPARK_RING_X_SETS8;
-#endif
-  return tile == 8 ? 3 : 1;
-}
+// bench/NOTES.md): kDepth at the 8-token tile (x loaded as far ahead as the
+// weights; measured at kDepth = 3); 1 at 16, where 2 or 3 measured 0.3-1.3 us
+// slower.
+__host__ __device__ constexpr int x_sets(int tile) { return tile == 8 ? kDepth : 1; }
 inline constexpr int kRows = 32;        // rows per tile (two MMA tiles)
 inline constexpr int kStageK = 128;     // K per stage
 inline constexpr int kSlots = 16;       // 16-byte copies per lane per stage
@@ -81,6 +77,7 @@ template <int TILE>
 __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const PoolerGemmArgs a) {
   SPARK_TRACE_CTA(kRingGemm);
   constexpr int W = ring::kWarps, D = ring::kDepth, R = ring::x_sets(TILE);
+  static_assert(R >= 1);
   constexpr int kNt = TILE / 8;
   constexpr int kV = ring::kStageK / kUnpoolerBlockK;  // 4 vectors per row per stage
   constexpr int kPartial = 2 * TILE * 16;              // floats per warp partial of a tile
@@ -169,7 +166,8 @@ __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const P
     load_x(xn, 0);
   }
 
-  // acc[r][h]: MMA step 2 (ks kV + v) + h goes to set (step + h) % 2 = h.
+  // acc[r][h]: the MMA steps of a vector's halves h = 0, 1 are 2 (ks kV + v)
+  // + h, and a step's accumulator set is step % 2 (the header's order): h.
   float acc[2][2][kNt][4];
   // Unrolled by R so that every register set's index is a constant.
   for (int j0 = 0; j0 < total; j0 += R)
@@ -229,6 +227,8 @@ __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const P
       }
     }
     __syncwarp();  // every lane has read slot s (partners read each other's)
+    // x before the weight copies: measured faster only in that order, which
+    // tools/check_sass.py (X_BEFORE_COPIES) holds ptxas to.
     if constexpr (R > 1) load_x(xr[u], j + R);
     issue(j + D);
 

@@ -228,7 +228,7 @@ __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const P
     }
     __syncwarp();  // every lane has read slot s (partners read each other's)
     // x before the weight copies: measured faster only in that order, which
-    // tools/check_sass.py (X_BEFORE_COPIES) holds ptxas to.
+    // tools/check_sass.py (X_BEFORE_COPIES) checks in the machine code.
     if constexpr (R > 1) load_x(xr[u], j + R);
     issue(j + D);
 

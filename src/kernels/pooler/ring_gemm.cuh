@@ -16,7 +16,7 @@
 // one tile: tp 1 has 128 on 132 SMs; several where N > 32 x SMs.)
 //
 // Shape: tiles of 32 rows (two 16-row MMA tiles); CTA c owns tiles
-// c, c + gridDim.x, ... (gridDim.x <= the SM count); its kRingWarps warps
+// c, c + gridDim.x, ... (gridDim.x <= the SM count); its ring::kWarps (8) warps
 // split K: warp w owns K [w K / 8, (w + 1) K / 8) of every tile. A stage is
 // 128 K of the tile's 32 rows for one warp (8 KiB): 16 copies of 16 bytes
 // per lane, in the Unpooler's row-swizzled pattern (each instruction reads 4

@@ -55,24 +55,43 @@ void launch_skinny(const PoolerGemmShape& s, const void* w, const void* x, void*
   kernels::launch(skinny_kernel(s, m), shape, stream, args);
 }
 
-static_assert(kernels::ring::kRows == kPoolerRingRows && kernels::ring::kKMultiple == kPoolerRingKMultiple,
+static_assert(kernels::ring::rows(2) == pooler_ring_rows(1) && kernels::ring::rows(4) == pooler_ring_rows(2) &&
+                  kernels::ring::k_multiple(2, 1) == pooler_ring_k_multiple(1) &&
+                  kernels::ring::k_multiple(4, 2) == pooler_ring_k_multiple(2) &&
+                  kernels::ring::k_multiple(4, 4) == pooler_ring_k_multiple(4),
               "keep the ring engine's public constants in step with its kernel");
 
+// The compiled ring kernels: (token tile, split); split 1 is 32-row tiles
+// (RT = 2), 2 and 4 are 64-row tiles (RT = 4) over a cluster.
 using RingFn = void (*)(kernels::PoolerGemmArgs);
 int ring_tile(int m) { return m <= 8 ? 8 : 16; }
-RingFn ring_kernel(int m) { return ring_tile(m) == 8 ? kernels::ring_gemm_kernel<8> : kernels::ring_gemm_kernel<16>; }
+int ring_rt(int split) { return split == 1 ? 2 : 4; }
+RingFn ring_kernel(int m, int split) {
+  const bool t8 = ring_tile(m) == 8;
+  switch (split) {
+    case 1: return t8 ? kernels::ring_gemm_kernel<8, 2, 1> : kernels::ring_gemm_kernel<16, 2, 1>;
+    case 2: return t8 ? kernels::ring_gemm_kernel<8, 4, 2> : kernels::ring_gemm_kernel<16, 4, 2>;
+    default: return t8 ? kernels::ring_gemm_kernel<8, 4, 4> : kernels::ring_gemm_kernel<16, 4, 4>;
+  }
+}
 
-void launch_ring(const void* w, const void* x, void* out, int n, int k, int m, int ctas, cudaStream_t stream,
-                 bool enable_pdl, const LamportMailbox* publish_into) {
+kernels::LaunchShape ring_shape(int m, int split, int grid, bool enable_pdl) {
+  kernels::LaunchShape shape;
+  shape.grid = dim3(grid, split);
+  shape.block = dim3(32 * kernels::ring::kWarps);
+  shape.smem_bytes = kernels::ring::smem_bytes(ring_tile(m), ring_rt(split), split);
+  shape.cluster_y = split;
+  shape.enable_pdl = enable_pdl;
+  return shape;
+}
+
+// grid: tiles in flight (CTAs at split 1, clusters of `split` CTAs above).
+void launch_ring(const void* w, const void* x, void* out, int n, int k, int m, int split, int grid,
+                 cudaStream_t stream, bool enable_pdl, const LamportMailbox* publish_into) {
   kernels::PoolerGemmArgs args{static_cast<const __nv_bfloat16*>(w), static_cast<const __nv_bfloat16*>(x),
                                static_cast<__nv_bfloat16*>(out), n, k, m, {}};
   if (publish_into) args.publish = publish_target(*publish_into);
-  kernels::LaunchShape shape;
-  shape.grid = dim3(ctas);
-  shape.block = dim3(32 * kernels::ring::kWarps);
-  shape.smem_bytes = kernels::ring::smem_bytes(ring_tile(m));
-  shape.enable_pdl = enable_pdl;
-  kernels::launch(ring_kernel(m), shape, stream, args);
+  kernels::launch(ring_kernel(m, split), ring_shape(m, split, grid, enable_pdl), stream, args);
 }
 
 void check_operands(const void* w, const void* x, void* out, int n, int k, int m) {
@@ -145,17 +164,27 @@ PoolerGemm::PoolerGemm(const TensorRef& weight, int tp, Options options)
       CUDA_CHECK(cudaFuncGetAttributes(&attrs, skinny_kernel(choice_[b - 1]->shape, b)));
     }
   // The ring engine: its shared memory (the same for every caller of a
-  // kernel, so setting it cannot lower another's), one CTA per SM.
+  // kernel, so setting it cannot lower another's), one CTA per SM; with a
+  // split, as many clusters as fit at once.
+  ring_grid_.assign(kPoolerMaxBatch, 0);
   for (int b : batches)
     if (choice_[b - 1]->engine == PoolerGemmEngine::ring) {
-      const int smem = kernels::ring::smem_bytes(ring_tile(b));
+      const int split = choice_[b - 1]->ring_split;
+      const int smem = kernels::ring::smem_bytes(ring_tile(b), ring_rt(split), split);
       int optin = 0, sms = 0;
       CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
       CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_));
       SPARK_CHECK_RUNTIME(smem <= optin, "pooler GEMM ring engine: needs ", smem,
                           " bytes of shared memory per block; cuda:", device_, " allows ", optin);
-      CUDA_CHECK(cudaFuncSetAttribute(ring_kernel(b), cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-      ring_ctas_ = std::min(n_ / kPoolerRingRows, sms);
+      CUDA_CHECK(cudaFuncSetAttribute(ring_kernel(b, split), cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      const int tiles = n_ / pooler_ring_rows(split);
+      int fit = sms;
+      if (split > 1) {
+        fit = kernels::max_active_clusters(ring_kernel(b, split), ring_shape(b, split, tiles, false));
+        SPARK_CHECK_RUNTIME(fit >= 1, "pooler GEMM ring engine: cuda:", device_, " cannot run a cluster of ", split,
+                            " CTAs with ", smem, " bytes of shared memory each");
+      }
+      ring_grid_[b - 1] = std::min(tiles, fit);
     }
 }
 
@@ -176,7 +205,8 @@ void PoolerGemm::launch(const void* x, void* out, int m, cudaStream_t stream, bo
   if (c.engine == PoolerGemmEngine::mma)
     (publish ? mma_publish_ : mma_)->run(x, out, m, stream);
   else if (c.engine == PoolerGemmEngine::ring)
-    launch_ring(weight_, x, out, n_, k_, m, ring_ctas_, stream, enable_pdl_, publish ? mailbox_ : nullptr);
+    launch_ring(weight_, x, out, n_, k_, m, c.ring_split, ring_grid_[m - 1], stream, enable_pdl_,
+                publish ? mailbox_ : nullptr);
   else
     launch_skinny(c.shape, weight_, x, out, n_, k_, m, stream, enable_pdl_, publish ? mailbox_ : nullptr);
 }

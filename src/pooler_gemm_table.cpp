@@ -28,7 +28,9 @@ std::string PoolerGemmChoice::to_string() const {
   switch (engine) {
     case PoolerGemmEngine::skinny: return shape.to_string();
     case PoolerGemmEngine::mma: return "mma(Unpooler engine)";
-    case PoolerGemmEngine::ring: return "ring(cp.async stages)";
+    case PoolerGemmEngine::ring:
+      return ring_split == 1 ? "ring(cp.async stages)"
+                             : detail::concat("ring(64-row tiles, K split over ", ring_split, " CTAs)");
   }
   return "?";
 }
@@ -80,11 +82,16 @@ std::optional<std::string> pooler_choice_unsupported(int n, int k, int m, const 
   if (c.engine == PoolerGemmEngine::skinny) return pooler_gemm_unsupported(n, k, m, c.shape);
   if (c.engine == PoolerGemmEngine::ring) {
     if (auto why = batch_unsupported(m)) return why;
-    if (n <= 0 || n % kPoolerRingRows)
-      return detail::concat("pooler GEMM ring engine: N = ", n, " is not a positive multiple of ", kPoolerRingRows);
-    if (k <= 0 || k % kPoolerRingKMultiple)
-      return detail::concat("pooler GEMM ring engine: K = ", k, " is not a positive multiple of ",
-                            kPoolerRingKMultiple, " (8 warps x 128)");
+    const int split = c.ring_split;
+    if (split != 1 && split != 2 && split != 4)
+      return detail::concat("pooler GEMM ring engine: split ", split, " is not 1, 2 or 4");
+    const int rows = pooler_ring_rows(split), km = pooler_ring_k_multiple(split);
+    if (n <= 0 || n % rows)
+      return detail::concat("pooler GEMM ring engine: N = ", n, " is not a positive multiple of ", rows, " (split ",
+                            split, ")");
+    if (k <= 0 || k % km)
+      return detail::concat("pooler GEMM ring engine: K = ", k, " is not a positive multiple of ", km, " (8 warps x ",
+                            split, " CTAs x ", km / (8 * split), " K, split ", split, ")");
   }
   return std::nullopt;
 }
@@ -95,7 +102,11 @@ std::vector<PoolerGemmChoice> pooler_gemm_candidates() {
   c.engine = PoolerGemmEngine::mma;
   out.push_back(c);
   c.engine = PoolerGemmEngine::ring;
-  out.push_back(c);
+  for (int split : {1, 2, 4}) {
+    c.ring_split = split;
+    out.push_back(c);
+  }
+  c.ring_split = 1;
   c.engine = PoolerGemmEngine::skinny;
   for (const auto& s : pooler_gemm_shapes()) {
     c.shape = s;

@@ -10,7 +10,10 @@
 //           used as a GEMM over this weight);
 //   ring    a streaming tensor-core GEMM whose weights reach the MMA through
 //           per-warp rings of shared-memory stages filled by cp.async, one
-//           CTA per SM (src/kernels/pooler/ring_gemm.cuh).
+//           CTA per SM (src/kernels/pooler/ring_gemm.cuh); at split 1 over
+//           32-row tiles, one CTA each; at split 2 or 4 over 64-row tiles
+//           whose K is split over the CTAs of a thread-block cluster of that
+//           size (half or a quarter of the activation reads per weight byte).
 // Each is bitwise reproducible and batch invariant for a fixed engine and
 // shape (SPEC §5); the engines sum in different orders, so their results
 // differ in the last bits, and a row's result depends on which engine the
@@ -21,9 +24,11 @@
 //   W    BF16 [N, K] contiguous, 16-byte aligned, device memory of compute
 //        capability 9.0+ (RuntimeError below); N % outputs_per_block == 0
 //        and K % (8 block_size k_unroll) == 0 for a skinny shape; the
-//        Unpooler's own conditions for mma (Unpooler::unsupported); N % 32
-//        == 0 and K % 1024 == 0 for ring, whose 225 KiB of shared memory
-//        per CTA the device must allow (RuntimeError otherwise);
+//        Unpooler's own conditions for mma (Unpooler::unsupported); for
+//        ring N % pooler_ring_rows(split) == 0 and K %
+//        pooler_ring_k_multiple(split) == 0, and the device must allow its
+//        up to 225 KiB of shared memory per CTA (and, at split > 1, run
+//        one cluster of that many such CTAs) (RuntimeError otherwise);
 //   x    BF16 [m, K] contiguous 16-byte aligned on W's device;
 //   out  BF16 [m, N] contiguous 16-byte aligned on W's device, not
 //        overlapping x; m one of the batches prepared at construction;
@@ -57,10 +62,11 @@ class LamportMailbox;
 class Unpooler;
 
 inline constexpr int kPoolerMaxBatch = 16;
-// The ring engine's granularity: rows per tile, and the K every warp's
-// stages divide (8 warps x 128).
-inline constexpr int kPoolerRingRows = 32;
-inline constexpr int kPoolerRingKMultiple = 1024;
+// The ring engine's granularity at a split (1, 2 or 4; see above): rows per
+// tile, and the K that every warp's 8 KiB stages divide (8 warps x split
+// CTAs x 128 K at 32 rows, 64 K at 64 rows).
+constexpr int pooler_ring_rows(int split) { return split == 1 ? 32 : 64; }
+constexpr int pooler_ring_k_multiple(int split) { return 8 * split * (split == 1 ? 128 : 64); }
 
 // Launch shape of the skinny GEMM: block_size threads per CTA over K,
 // outputs_per_block columns per CTA, k_unroll 16-byte weight vectors per
@@ -84,6 +90,7 @@ const char* engine_name(PoolerGemmEngine engine);
 struct PoolerGemmChoice {
   PoolerGemmEngine engine = PoolerGemmEngine::skinny;
   PoolerGemmShape shape;  // for skinny (ignored by the others)
+  int ring_split = 1;     // for ring: 1, 2 or 4 CTAs per tile (ignored by the others)
   std::string to_string() const;
 };
 
@@ -149,7 +156,7 @@ class PoolerGemm {
   std::unique_ptr<Unpooler> mma_;
   LamportMailbox* mailbox_ = nullptr;
   std::unique_ptr<Unpooler> mma_publish_;  // the MMA engine publishing into mailbox_
-  int ring_ctas_ = 0;                      // the ring engine's grid: min(N / 32, SMs)
+  std::vector<int> ring_grid_;             // by m - 1: the ring engine's tiles in flight (CTAs or clusters)
 
   void launch(const void* x, void* out, int m, cudaStream_t stream, bool publish) const;
 };

@@ -150,15 +150,21 @@ TEST(PoolerGemmShapes, TableCoversEveryModelShapeAndBatch) {
 
 TEST(PoolerGemmShapes, CandidatesNameEveryEngineAndShapeOnce) {
   const auto all = sd::pooler_gemm_candidates();
-  ASSERT_EQ(all.size(), 2 + sd::pooler_gemm_shapes().size());
+  ASSERT_EQ(all.size(), 4 + sd::pooler_gemm_shapes().size());
   EXPECT_EQ(all[0].engine, sd::PoolerGemmEngine::mma);
-  EXPECT_EQ(all[1].engine, sd::PoolerGemmEngine::ring);
-  for (size_t i = 2; i < all.size(); ++i) {
-    EXPECT_EQ(all[i].engine, sd::PoolerGemmEngine::skinny);
-    EXPECT_EQ(all[i].shape, sd::pooler_gemm_shapes()[i - 2]);
+  for (int i = 1; i <= 3; ++i) {
+    EXPECT_EQ(all[i].engine, sd::PoolerGemmEngine::ring);
+    EXPECT_EQ(all[i].ring_split, 1 << (i - 1));
   }
+  for (size_t i = 4; i < all.size(); ++i) {
+    EXPECT_EQ(all[i].engine, sd::PoolerGemmEngine::skinny);
+    EXPECT_EQ(all[i].shape, sd::pooler_gemm_shapes()[i - 4]);
+  }
+  // Names are distinct: benchmarks and results key on them.
+  for (size_t i = 0; i < all.size(); ++i)
+    for (size_t j = 0; j < i; ++j) EXPECT_NE(all[i].to_string(), all[j].to_string());
   // The skinny shape's own reasons; the MMA engine's are the Unpooler's, at construction.
-  const auto skinny = all[2];
+  const auto skinny = all[4];
   EXPECT_EQ(sd::pooler_choice_unsupported(2049, 8192, 1, skinny), sd::pooler_gemm_unsupported(2049, 8192, 1, skinny.shape));
   EXPECT_TRUE(sd::pooler_choice_unsupported(2049, 8192, 1, skinny));  // N odd
   EXPECT_FALSE(sd::pooler_choice_unsupported(2049, 8192, 1, all.front()));
@@ -183,4 +189,25 @@ TEST(PoolerGemmShapes, RingEngineGivesItsReasons) {
   EXPECT_NE(reason(2048, 8192, 0).find("m = 0 outside [1, 16]"), std::string::npos) << reason(2048, 8192, 0);
   EXPECT_NE(reason(2048, 8192, 17).find("m = 17"), std::string::npos);
   EXPECT_EQ(sd::PoolerGemmChoice(ring).to_string(), "ring(cp.async stages)");
+}
+
+TEST(PoolerGemmShapes, SplitRingEngineGivesItsReasons) {
+  auto reason = [&](int split, int n, int k) {
+    const auto why = sd::pooler_choice_unsupported(n, k, 1, {sd::PoolerGemmEngine::ring, {}, split});
+    return why ? *why : std::string("(none)");
+  };
+  for (int split : {2, 4})
+    for (int tp : sd::kTensorParallelSizes)
+      EXPECT_EQ(reason(split, sd::kMuseSpark.pooled / tp, sd::kMuseSpark.hidden), "(none)") << "tp " << tp;
+  EXPECT_EQ(sd::pooler_ring_rows(2), 64);
+  EXPECT_EQ(sd::pooler_ring_k_multiple(2), 1024);
+  EXPECT_EQ(sd::pooler_ring_k_multiple(4), 2048);
+  EXPECT_NE(reason(2, 2048 + 32, 8192).find("N = 2080 is not a positive multiple of 64 (split 2)"), std::string::npos)
+      << reason(2, 2048 + 32, 8192);
+  EXPECT_NE(reason(4, 2048, 8192 - 1024).find("K = 7168 is not a positive multiple of 2048"), std::string::npos)
+      << reason(4, 2048, 8192 - 1024);
+  EXPECT_EQ(reason(2, 2048, 8192 - 1024), "(none)");
+  EXPECT_NE(reason(3, 2048, 8192).find("split 3 is not 1, 2 or 4"), std::string::npos) << reason(3, 2048, 8192);
+  EXPECT_EQ(sd::PoolerGemmChoice({sd::PoolerGemmEngine::ring, {}, 2}).to_string(),
+            "ring(64-row tiles, K split over 2 CTAs)");
 }

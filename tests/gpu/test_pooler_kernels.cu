@@ -283,40 +283,48 @@ TEST(PoolerGemm, EverySkinnyShapeIsAccurateReproducibleAndBatchInvariant) {
   }
 }
 
-// The ring engine where a CTA streams several tiles back to back (N / 32
-// tiles over at most one CTA per SM), with one stage per tile and fewer
-// stages than its ring is deep (K = 1024), several (3072) and many (8192):
-// every distribution, every batch, through PoolerGemm as the Pooler uses it.
+// The ring engine where a CTA (split 1) or cluster (2, 4) streams several
+// tiles back to back (tiles over at most one CTA per SM), with fewer stages
+// per warp than its ring is deep (K = 1024 at split 1 and 2: 1 and 2 stages
+// per tile; 2048 at split 4: 1), several (3072; 4096 at split 4) and many (8192): every
+// distribution, every batch, through PoolerGemm as the Pooler uses it.
 TEST(PoolerGemm, RingEngineOverSeveralTilesPerCta) {
   SKIP_WITHOUT_GPU(1);
   const uint64_t seed = test_seed("pooler gemm ring");
-  const sd::PoolerGemmChoice ring{sd::PoolerGemmEngine::ring, {}};
   int sms = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  for (auto [n, k] : {std::pair{32 * (2 * sms + 7), 1024}, {32 * (sms + 3), 3072}, {32 * 5, 8192}})
-    for (Dist dist : kAllDists) {
-      try {
-        // One PoolerGemm per weight (the buffer gemm_checks uploads), made on
-        // its first use: pointers are the test's; construction prepares.
-        std::unique_ptr<sd::PoolerGemm> on, off;
-        const void* made_for = nullptr;
-        gemm_checks(std::string("ring ") + dist_name(dist), all_batches(), n, k, dist, seed + k + int(dist),
-                    [&](const void* w, const void* x, void* out, int m, bool pdl) {
-                      if (w != made_for) {
-                        const auto weight = sd::TensorRef::contiguous(const_cast<void*>(w), sd::DType::bf16, {n, k}, 0);
-                        sd::PoolerGemm::Options o;
-                        o.force = ring;
-                        on = std::make_unique<sd::PoolerGemm>(weight, 1, o);
-                        o.enable_pdl = false;
-                        off = std::make_unique<sd::PoolerGemm>(weight, 1, o);
-                        made_for = w;
-                      }
-                      (pdl ? on : off)->run(x, out, m, nullptr);
-                    });
-      } catch (const std::exception& e) {
-        ADD_FAILURE() << e.what();
+  for (int split : {1, 2, 4}) {
+    const sd::PoolerGemmChoice ring{sd::PoolerGemmEngine::ring, {}, split};
+    const int rows = sd::pooler_ring_rows(split), km = sd::pooler_ring_k_multiple(split);
+    // Tiles: 2 or 3 per CTA or cluster (at most SMs / split clusters fit),
+    // more, and fewer than there are SMs.
+    for (auto [n, k] : {std::pair{rows * (2 * sms / split + 7), km}, {rows * (sms + 3), split == 4 ? 2 * km : 3 * km},
+                        {rows * 5, 8192}})
+      for (Dist dist : kAllDists) {
+        try {
+          // One PoolerGemm per weight (the buffer gemm_checks uploads), made on
+          // its first use: pointers are the test's; construction prepares.
+          std::unique_ptr<sd::PoolerGemm> on, off;
+          const void* made_for = nullptr;
+          gemm_checks(ring.to_string() + " " + dist_name(dist), all_batches(), n, k, dist, seed + k + int(dist),
+                      [&](const void* w, const void* x, void* out, int m, bool pdl) {
+                        if (w != made_for) {
+                          const auto weight =
+                              sd::TensorRef::contiguous(const_cast<void*>(w), sd::DType::bf16, {n, k}, 0);
+                          sd::PoolerGemm::Options o;
+                          o.force = ring;
+                          on = std::make_unique<sd::PoolerGemm>(weight, 1, o);
+                          o.enable_pdl = false;
+                          off = std::make_unique<sd::PoolerGemm>(weight, 1, o);
+                          made_for = w;
+                        }
+                        (pdl ? on : off)->run(x, out, m, nullptr);
+                      });
+        } catch (const std::exception& e) {
+          ADD_FAILURE() << e.what();
+        }
       }
-    }
+  }
 }
 
 TEST(PoolerGemm, TableAndEveryEngineAtTheModelShape) {

@@ -54,44 +54,63 @@
 namespace spark_decode::kernels {
 
 namespace ring {
-inline constexpr int kWarps = 8;        // per CTA (one CTA per SM)
-inline constexpr int kDepth = 3;        // stages per warp's ring
+inline constexpr int kWarps = 8;                  // per CTA (one CTA per SM)
+inline constexpr int kDepth = 3;                  // stages per warp's ring
+inline constexpr int kStageBytes = 16 * 32 * 16;  // 8 KiB: 16 copies of 16 bytes per lane
 // Register sets of x per warp, by token tile (measured, one H200,
 // bench/NOTES.md): kDepth at the 8-token tile (x loaded as far ahead as the
 // weights; measured at kDepth = 3); 1 at 16, where 2 or 3 measured 0.3-1.3 us
 // slower.
 __host__ __device__ constexpr int x_sets(int tile) { return tile == 8 ? kDepth : 1; }
-inline constexpr int kRows = 32;        // rows per tile (two MMA tiles)
-inline constexpr int kStageK = 128;     // K per stage
-inline constexpr int kSlots = 16;       // 16-byte copies per lane per stage
-inline constexpr int kStageBytes = kSlots * 32 * 16;
-inline constexpr int kKMultiple = kWarps * kStageK;  // K must be a multiple
-// Shared memory: the rings, two tiles' warp partials (FP32, by tile parity),
-// the tile's y (BF16 [16][32]).
-__host__ __device__ constexpr int smem_bytes(int tile) {
-  return kWarps * kDepth * kStageBytes + 2 * kWarps * 2 * tile * 16 * 4 + 16 * kRows * 2;
+// A tile is RT 16-row MMA tiles (RT = 2: 32 rows, one CTA each; RT = 4: 64
+// rows, K split over the KS CTAs of a cluster). A stage is 8 KiB of a warp's
+// rows whatever their number: 256 / RT K.
+__host__ __device__ constexpr int rows(int rt) { return 16 * rt; }
+__host__ __device__ constexpr int stage_k(int rt) { return 256 / rt; }
+__host__ __device__ constexpr int k_multiple(int rt, int ks) { return kWarps * ks * stage_k(rt); }
+// FP32 warp partial of a tile, as the lanes hold the accumulators.
+__host__ __device__ constexpr int partial_floats(int tile, int rt) { return rt * 16 * tile; }
+// Warp partial buffers: RT = 2 keeps one per warp and tile parity (as
+// measured); RT = 4 sums them in two rounds of 4 warps to leave room for the
+// other CTAs' partials beside the rings (227 KiB per CTA at most).
+__host__ __device__ constexpr int partial_buffers(int rt) { return rt == 2 ? 2 * kWarps : kWarps / 2; }
+// Shared memory: the rings, the warp partials, the other ranks' CTA
+// partials and an mbarrier (cluster rank 0), the tile's y (BF16 [16][rows]).
+__host__ __device__ constexpr int smem_bytes(int tile, int rt, int ks) {
+  return kWarps * kDepth * kStageBytes + partial_buffers(rt) * partial_floats(tile, rt) * 4 +
+         (ks - 1) * partial_floats(tile, rt) * 4 + (ks > 1 ? 16 : 0) + 16 * rows(rt) * 2;
 }
 }  // namespace ring
 
-template <int TILE>
+template <int TILE, int RT, int KS>
 __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const PoolerGemmArgs a) {
   SPARK_TRACE_CTA(kRingGemm);
   constexpr int W = ring::kWarps, D = ring::kDepth, R = ring::x_sets(TILE);
   static_assert(R >= 1);
+  static_assert((RT == 2 && KS == 1) || (RT == 4 && (KS == 2 || KS == 4)), "the compiled ring shapes");
   constexpr int kNt = TILE / 8;
-  constexpr int kV = ring::kStageK / kUnpoolerBlockK;  // 4 vectors per row per stage
-  constexpr int kPartial = 2 * TILE * 16;              // floats per warp partial of a tile
-  extern __shared__ __align__(16) unsigned char smem[];  // 16-byte copies and reads only
+  constexpr int kRows = ring::rows(RT), kStageK = ring::stage_k(RT);
+  constexpr int kV = kStageK / kUnpoolerBlockK;  // vectors per row per stage (4 or 2)
+  constexpr int kSlots = 2 * RT * kV;            // 16-byte copies per lane per stage
+  static_assert(kSlots * 32 * 16 == ring::kStageBytes);
+  constexpr int kPartial = ring::partial_floats(TILE, RT);  // floats per warp partial of a tile
+  extern __shared__ __align__(16) unsigned char smem[];     // 16-byte copies and reads only
   float* const partials = reinterpret_cast<float*>(smem + W * D * ring::kStageBytes);
-  __nv_bfloat16* const y_tile = reinterpret_cast<__nv_bfloat16*>(partials + 2 * W * kPartial);
+  float* const remote_partials = partials + ring::partial_buffers(RT) * kPartial;  // [KS - 1][kPartial]
+  uint64_t* const bar = reinterpret_cast<uint64_t*>(remote_partials + (KS - 1) * kPartial);
+  __nv_bfloat16* const y_tile =
+      reinterpret_cast<__nv_bfloat16*>(reinterpret_cast<unsigned char*>(bar) + (KS > 1 ? 16 : 0));
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const bool odd = g & 1;
   const int k = a.k;
-  const int kw = k / W;
-  const int spt = kw / ring::kStageK;  // stages per tile
-  const int tiles = a.n / ring::kRows;
+  const int kw = k / (W * KS);
+  // K offset of this warp's range: with a cluster, rank blockIdx.y owns the
+  // rank-th K / KS of every tile of cluster blockIdx.x.
+  const int k0 = KS > 1 ? (int(blockIdx.y) * W + warp) * kw : warp * kw;
+  const int spt = kw / kStageK;  // stages per tile
+  const int tiles = a.n / kRows;
   const int my_tiles = blockIdx.x < tiles ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
   const int total = my_tiles * spt;  // this warp's stages
   const uint64_t policy = ptx::l2_policy_evict_first();
@@ -99,8 +118,22 @@ __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const P
   // Copy slot idx of stage slot s, lane ln: idx = (row tile r, vector v,
   // half ab: rows g or g + 8) as (r kV + v) 2 + ab; a slot is 32 lanes x 16
   // bytes, so a warp's reads of one slot are conflict-free.
-  auto slot_addr = [&](int s, int idx, int ln) { return ring_base + (s * ring::kSlots + idx) * 512 + ln * 16; };
+  auto slot_addr = [&](int s, int idx, int ln) { return ring_base + (s * kSlots + idx) * 512 + ln * 16; };
   auto idx_of = [](int r, int v, int ab) { return (r * kV + v) * 2 + ab; };
+
+  const bool rank0 = KS == 1 || blockIdx.y == 0;
+  if constexpr (KS > 1) {
+    // Rank 0 receives the other ranks' CTA partials of each tile on its
+    // mbarrier (phase = tile index). Initialised and armed for the first
+    // tile before the cluster barrier's first arrival, which the senders wait
+    // on before their first store.
+    if (rank0 && threadIdx.x == 0) {
+      ptx::mbarrier_init(ptx::smem_addr(bar), 1);
+      ptx::mbarrier_arrive_expect_tx(ptx::smem_addr(bar), (KS - 1) * kPartial * int(sizeof(float)));
+      ptx::fence_mbarrier_init_cluster();
+    }
+    ptx::cluster_arrive_relaxed();
+  }
 
   // Stage j's copies (an empty group past the end keeps the wait counts
   // uniform). Lane (g, t) copies, as the Unpooler's swizzled loads do,
@@ -109,13 +142,13 @@ __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const P
   auto issue = [&](int j) {
     if (j < total) {
       const int tile = blockIdx.x + (j / spt) * gridDim.x, ks = j % spt;
-      const size_t row0 = size_t(tile) * ring::kRows;
-      const int kb = warp * kw + ks * ring::kStageK + t * 8;
+      const size_t row0 = size_t(tile) * kRows;
+      const int kb = k0 + ks * kStageK + t * 8;
       const __nv_bfloat16* w_p = a.w + (row0 + g / 2) * k + kb + (odd ? kUnpoolerBlockK : 0);
       const __nv_bfloat16* w_q = a.w + (row0 + 4 + g / 2) * k + kb + (odd ? 0 : kUnpoolerBlockK);
       const int s = j % D;
 #pragma unroll
-      for (int r = 0; r < 2; ++r)
+      for (int r = 0; r < RT; ++r)
 #pragma unroll
         for (int v = 0; v < kV; v += 2) {
           const size_t at = size_t(r) * 16 * k + v * kUnpoolerBlockK;
@@ -136,15 +169,15 @@ __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const P
   SPARK_TRACE_WAITED();
   ptx::griddep_launch_dependents();
   const bool publishing = a.publish.mode != mailbox_dev::PublishTarget::kNone;
-  constexpr int kItems = ring::kRows / 8;  // 16-byte vectors of y per token and tile
+  constexpr int kItems = kRows / 8;  // 16-byte vectors of y per token and tile
   uint32_t stage = 0;
-  if (publishing && threadIdx.x < kItems * a.m)
+  if (publishing && rank0 && threadIdx.x < kItems * a.m)
     stage = mailbox_dev::publish_stage(a.publish, threadIdx.x == 0 && blockIdx.x == 0);
 
   // x of stage jj (the same K for every tile) into a register set.
   using XSet = uint4[kV][kNt];
   auto load_x = [&](XSet& dst, int jj) {
-    const int kx = warp * kw + (jj % spt) * ring::kStageK + t * 8;
+    const int kx = k0 + (jj % spt) * kStageK + t * 8;
 #pragma unroll
     for (int v = 0; v < kV; ++v)
 #pragma unroll
@@ -166,114 +199,193 @@ __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const P
     load_x(xn, 0);
   }
 
+  // Item (token, c): features [8c, 8c + 8) of the tile for one token, from
+  // y_tile to out (and the mailbox).
+  auto store_y = [&](int tile_i) {
+    const int col0 = (blockIdx.x + tile_i * gridDim.x) * kRows;
+    if (threadIdx.x < kItems * a.m) {
+      const int token = threadIdx.x / kItems, col = col0 + (threadIdx.x % kItems) * 8;
+      const uint4 y = *reinterpret_cast<const uint4*>(y_tile + threadIdx.x * 8);
+      *reinterpret_cast<uint4*>(a.out + size_t(token) * a.n + col) = y;
+      if (publishing)
+        mailbox_dev::store_to_all(a.publish.copies, a.publish.layout.tp, a.publish.rank,
+                                  a.publish.layout.offset(stage, a.publish.rank, token, col),
+                                  mailbox_dev::publish_vec(y));
+    }
+  };
+
   // acc[r][h]: the MMA steps of a vector's halves h = 0, 1 are 2 (ks kV + v)
   // + h, and a step's accumulator set is step % 2 (the header's order): h.
-  float acc[2][2][kNt][4];
+  float acc[RT][2][kNt][4];
   // Unrolled by R so that every register set's index is a constant.
   for (int j0 = 0; j0 < total; j0 += R)
 #pragma unroll
-  for (int u = 0; u < R; ++u) {
-    const int j = j0 + u;
-    if (j >= total) break;
-    if constexpr (R == 1) {
+    for (int u = 0; u < R; ++u) {
+      const int j = j0 + u;
+      if (j >= total) break;
+      if constexpr (R == 1) {
 #pragma unroll
-      for (int v = 0; v < kV; ++v)
+        for (int v = 0; v < kV; ++v)
 #pragma unroll
-        for (int nt = 0; nt < kNt; ++nt) xr[0][v][nt] = xn[v][nt];
-      load_x(xn, j + 1);
-    }
-    const int ks = j % spt, s = j % D, tile_i = j / spt;
-    if (ks == 0) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-#pragma unroll
-        for (int c = 0; c < 2; ++c)
-#pragma unroll
-          for (int nt = 0; nt < kNt; ++nt)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) acc[r][c][nt][i] = 0.0f;
-    }
-    // Stage j's copies are this thread's group j; the partner's, after the
-    // __syncwarp that follows its own wait.
-    ptx::cp_async_wait<D - 1>();
-    __syncwarp();
-#pragma unroll
-    for (int q = 0; q < kV; q += 2) {
-      // Vectors q and q + 1 of rows perm(g), perm(g) + 8 (perm as in the
-      // Unpooler's row swizzle): slot q + (g & 1) of this lane holds vector
-      // q of them and the same slot of its partner g ^ 1 vector q + 1 (what
-      // the Unpooler's unswizzle_pair exchanges by shuffle).
-      uint4 wa[2][2], wb[2][2];  // [r][0]: vector q, [r][1]: vector q + 1
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        wa[r][0] = ptx::ld_shared_v4(slot_addr(s, idx_of(r, q + odd, 0), lane));
-        wa[r][1] = ptx::ld_shared_v4(slot_addr(s, idx_of(r, q + odd, 0), lane ^ 4));
-        wb[r][0] = ptx::ld_shared_v4(slot_addr(s, idx_of(r, q + odd, 1), lane));
-        wb[r][1] = ptx::ld_shared_v4(slot_addr(s, idx_of(r, q + odd, 1), lane ^ 4));
+          for (int nt = 0; nt < kNt; ++nt) xr[0][v][nt] = xn[v][nt];
+        load_x(xn, j + 1);
       }
+      const int ks = j % spt, s = j % D, tile_i = j / spt;
+      if (ks == 0) {
 #pragma unroll
-      for (int p = 0; p < 2; ++p) {
-        const int v = q + p;
+        for (int r = 0; r < RT; ++r)
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const uint32_t am[4] = {word(wa[r][p], 2 * h), word(wb[r][p], 2 * h), word(wa[r][p], 2 * h + 1),
-                                    word(wb[r][p], 2 * h + 1)};
+          for (int c = 0; c < 2; ++c)
 #pragma unroll
             for (int nt = 0; nt < kNt; ++nt)
-              ptx::mma_m16n8k16_bf16(acc[r][h][nt], am, word(xr[u][v][nt], 2 * h), word(xr[u][v][nt], 2 * h + 1));
-          }
+#pragma unroll
+              for (int i = 0; i < 4; ++i) acc[r][c][nt][i] = 0.0f;
       }
-    }
-    __syncwarp();  // every lane has read slot s (partners read each other's)
-    // x before the weight copies: measured faster only in that order, which
-    // tools/check_sass.py (X_BEFORE_COPIES) checks in the machine code.
-    if constexpr (R > 1) load_x(xr[u], j + R);
-    issue(j + D);
-
-    if (ks == spt - 1) {
-      // The tile's warp partials, summed in warp order. (Two buffers by tile
-      // parity, as measured; one would do, since the second barrier below
-      // already orders this tile's reads before the next tile's writes.)
-      float* mine = partials + ((tile_i & 1) * W + warp) * kPartial + lane * 4;
+      // Stage j's copies are this thread's group j; the partner's, after the
+      // __syncwarp that follows its own wait.
+      ptx::cp_async_wait<D - 1>();
+      __syncwarp();
 #pragma unroll
-      for (int r = 0; r < 2; ++r)
+      for (int q = 0; q < kV; q += 2) {
+        // Vectors q and q + 1 of rows perm(g), perm(g) + 8 (perm as in the
+        // Unpooler's row swizzle): slot q + (g & 1) of this lane holds vector
+        // q of them and the same slot of its partner g ^ 1 vector q + 1 (what
+        // the Unpooler's unswizzle_pair exchanges by shuffle).
+        uint4 wa[RT][2], wb[RT][2];  // [r][0]: vector q, [r][1]: vector q + 1
 #pragma unroll
-        for (int nt = 0; nt < kNt; ++nt) {
-          float o[4];
-#pragma unroll
-          for (int i = 0; i < 4; ++i) o[i] = acc[r][0][nt][i] + acc[r][1][nt][i];
-          *reinterpret_cast<float4*>(mine + (r * kNt + nt) * 128) = make_float4(o[0], o[1], o[2], o[3]);
+        for (int r = 0; r < RT; ++r) {
+          wa[r][0] = ptx::ld_shared_v4(slot_addr(s, idx_of(r, q + odd, 0), lane));
+          wa[r][1] = ptx::ld_shared_v4(slot_addr(s, idx_of(r, q + odd, 0), lane ^ 4));
+          wb[r][0] = ptx::ld_shared_v4(slot_addr(s, idx_of(r, q + odd, 1), lane));
+          wb[r][1] = ptx::ld_shared_v4(slot_addr(s, idx_of(r, q + odd, 1), lane ^ 4));
         }
-      __syncthreads();
-      const float* buf = partials + (tile_i & 1) * W * kPartial;
-      for (int e = threadIdx.x; e < kPartial; e += 32 * W) {
-        const int i = e & 3, ln = (e >> 2) & 31, r = (e >> 7) / kNt, nt = (e >> 7) % kNt;
-        const int token = nt * 8 + 2 * (ln & 3) + (i & 1);
-        const int row = r * 16 + unpooler_row_of_group(ln >> 2) + (i >> 1) * 8;
-        if (token >= a.m) continue;
-        float sum = buf[e];
 #pragma unroll
-        for (int w2 = 1; w2 < W; ++w2) sum += buf[w2 * kPartial + e];
-        y_tile[token * ring::kRows + row] = __float2bfloat16_rn(sum);
+        for (int p = 0; p < 2; ++p) {
+          const int v = q + p;
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int r = 0; r < RT; ++r) {
+              const uint32_t am[4] = {word(wa[r][p], 2 * h), word(wb[r][p], 2 * h), word(wa[r][p], 2 * h + 1),
+                                      word(wb[r][p], 2 * h + 1)};
+#pragma unroll
+              for (int nt = 0; nt < kNt; ++nt)
+                ptx::mma_m16n8k16_bf16(acc[r][h][nt], am, word(xr[u][v][nt], 2 * h), word(xr[u][v][nt], 2 * h + 1));
+            }
+        }
       }
-      __syncthreads();
-      // Item (token, c): features [8c, 8c + 8) of the tile for one token.
-      // (y_tile is rewritten only after the next tile's first barrier, which
-      // every thread reaches after these reads.)
-      const int col0 = (blockIdx.x + tile_i * gridDim.x) * ring::kRows;
-      if (threadIdx.x < kItems * a.m) {
-        const int token = threadIdx.x / kItems, col = col0 + (threadIdx.x % kItems) * 8;
-        const uint4 y = *reinterpret_cast<const uint4*>(y_tile + threadIdx.x * 8);
-        *reinterpret_cast<uint4*>(a.out + size_t(token) * a.n + col) = y;
-        if (publishing)
-          mailbox_dev::store_to_all(a.publish.copies, a.publish.layout.tp, a.publish.rank,
-                                    a.publish.layout.offset(stage, a.publish.rank, token, col),
-                                    mailbox_dev::publish_vec(y));
+      __syncwarp();  // every lane has read slot s (partners read each other's)
+      // x before the weight copies: measured faster only in that order, which
+      // tools/check_sass.py (X_BEFORE_COPIES) checks in the machine code.
+      if constexpr (R > 1) load_x(xr[u], j + R);
+      issue(j + D);
+
+      if (ks == spt - 1) {
+        // The tile's warp partials, each as its lanes hold the accumulators.
+        auto write_partial = [&](float* buf) {
+          float* mine = buf + lane * 4;
+#pragma unroll
+          for (int r = 0; r < RT; ++r)
+#pragma unroll
+            for (int nt = 0; nt < kNt; ++nt) {
+              float o[4];
+#pragma unroll
+              for (int i = 0; i < 4; ++i) o[i] = acc[r][0][nt][i] + acc[r][1][nt][i];
+              *reinterpret_cast<float4*>(mine + (r * kNt + nt) * 128) = make_float4(o[0], o[1], o[2], o[3]);
+            }
+        };
+        if constexpr (KS == 1) {
+          // Summed in warp order. (Two buffers by tile parity, as measured; one
+          // would do, since the second barrier below already orders this tile's
+          // reads before the next tile's writes.)
+          write_partial(partials + ((tile_i & 1) * W + warp) * kPartial);
+          __syncthreads();
+          const float* buf = partials + (tile_i & 1) * W * kPartial;
+          for (int e = threadIdx.x; e < kPartial; e += 32 * W) {
+            const int i = e & 3, ln = (e >> 2) & 31, r = (e >> 7) / kNt, nt = (e >> 7) % kNt;
+            const int token = nt * 8 + 2 * (ln & 3) + (i & 1);
+            const int row = r * 16 + unpooler_row_of_group(ln >> 2) + (i >> 1) * 8;
+            if (token >= a.m) continue;
+            float sum = buf[e];
+#pragma unroll
+            for (int w2 = 1; w2 < W; ++w2) sum += buf[w2 * kPartial + e];
+            y_tile[token * kRows + row] = __float2bfloat16_rn(sum);
+          }
+          __syncthreads();
+          // (y_tile is rewritten only after the next tile's first barrier, which
+          // every thread reaches after these reads.)
+          store_y(tile_i);
+        } else {
+          // Thread e4 owns floats [4 e4, 4 e4 + 4) of the tile's partial (one
+          // lane's share of one fragment: one 16-byte read per buffer). The CTA's
+          // partial is summed in warp order, in two rounds of W / 2 warps
+          // through the same W / 2 buffers (the order is the same as in one);
+          // rank 0 then adds the other ranks' in rank order.
+          const int e4 = threadIdx.x;
+          const bool owner = 4 * e4 < kPartial;
+          float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+          for (int round = 0; round < 2; ++round) {
+            if (warp / (W / 2) == round) write_partial(partials + (warp % (W / 2)) * kPartial);
+            __syncthreads();
+            if (owner)
+#pragma unroll
+              for (int w2 = 0; w2 < W / 2; ++w2) {
+                const float4 p = *reinterpret_cast<const float4*>(partials + w2 * kPartial + 4 * e4);
+                if (round == 0 && w2 == 0) {
+                  sum[0] = p.x, sum[1] = p.y, sum[2] = p.z, sum[3] = p.w;
+                } else {
+                  sum[0] += p.x, sum[1] += p.y, sum[2] += p.z, sum[3] += p.w;
+                }
+              }
+            __syncthreads();  // the buffers are rewritten by the next round or tile
+          }
+          const bool more = tile_i + 1 < my_tiles;
+          // Cluster barrier phase tile_i: every CTA of the cluster has started
+          // and rank 0 has read the previous tile's remote partials and armed its
+          // mbarrier for this one.
+          ptx::cluster_wait_acquire();
+          if (!rank0) {
+            if (owner) {
+              const uint32_t remote =
+                  ptx::map_cluster_addr(ptx::smem_addr(remote_partials + (blockIdx.y - 1) * kPartial + 4 * e4), 0);
+              ptx::st_async_v4(remote, sum[0], sum[1], sum[2], sum[3], ptx::map_cluster_addr(ptx::smem_addr(bar), 0));
+            }
+            // A sender leaves after its last tile's stores are issued (st.async
+            // reads its registers at issue), freeing its SM for the next grid.
+            if (more) ptx::cluster_arrive_relaxed();
+          } else {
+            ptx::mbarrier_wait_parity(ptx::smem_addr(bar), tile_i & 1);
+            if (owner) {
+#pragma unroll
+              for (int rk = 0; rk < KS - 1; ++rk) {
+                const float4 p = *reinterpret_cast<const float4*>(remote_partials + rk * kPartial + 4 * e4);
+                sum[0] += p.x, sum[1] += p.y, sum[2] += p.z, sum[3] += p.w;
+              }
+              const int ln = e4 & 31, r = (e4 >> 5) / kNt, nt = (e4 >> 5) % kNt;
+#pragma unroll
+              for (int i = 0; i < 4; ++i) {
+                const int token = nt * 8 + 2 * (ln & 3) + (i & 1);
+                const int row = r * 16 + unpooler_row_of_group(ln >> 2) + (i >> 1) * 8;
+                if (token < a.m) y_tile[token * kRows + row] = __float2bfloat16_rn(sum[i]);
+              }
+            }
+            if (more) {
+              // The next tile's phase: armed once this one completed (this thread
+              // waited for it); the senders store again only after every thread
+              // here has arrived, i.e. has read this tile's remote partials.
+              if (threadIdx.x == 0)
+                ptx::mbarrier_arrive_expect_tx(ptx::smem_addr(bar), (KS - 1) * kPartial * int(sizeof(float)));
+              ptx::cluster_arrive_release();
+            }
+            __syncthreads();
+            store_y(tile_i);
+            // (y_tile is rewritten only after the next tile's round barriers,
+            // which every thread reaches after these reads.)
+          }
+        }
       }
     }
-  }
   ptx::cp_async_wait<0>();  // the empty trailing groups
 }
 

@@ -57,22 +57,18 @@ void launch_skinny(const PoolerGemmShape& s, const void* w, const void* x, void*
 
 static_assert(kernels::ring::rows(2) == pooler_ring_rows(1) && kernels::ring::rows(4) == pooler_ring_rows(2) &&
                   kernels::ring::k_multiple(2, 1) == pooler_ring_k_multiple(1) &&
-                  kernels::ring::k_multiple(4, 2) == pooler_ring_k_multiple(2) &&
-                  kernels::ring::k_multiple(4, 4) == pooler_ring_k_multiple(4),
+                  kernels::ring::k_multiple(4, 2) == pooler_ring_k_multiple(2),
               "keep the ring engine's public constants in step with its kernel");
 
 // The compiled ring kernels: (token tile, split); split 1 is 32-row tiles
-// (RT = 2), 2 and 4 are 64-row tiles (RT = 4) over a cluster.
+// (RT = 2), split 2 64-row tiles (RT = 4) over a cluster of two CTAs.
 using RingFn = void (*)(kernels::PoolerGemmArgs);
 int ring_tile(int m) { return m <= 8 ? 8 : 16; }
 int ring_rt(int split) { return split == 1 ? 2 : 4; }
 RingFn ring_kernel(int m, int split) {
   const bool t8 = ring_tile(m) == 8;
-  switch (split) {
-    case 1: return t8 ? kernels::ring_gemm_kernel<8, 2, 1> : kernels::ring_gemm_kernel<16, 2, 1>;
-    case 2: return t8 ? kernels::ring_gemm_kernel<8, 4, 2> : kernels::ring_gemm_kernel<16, 4, 2>;
-    default: return t8 ? kernels::ring_gemm_kernel<8, 4, 4> : kernels::ring_gemm_kernel<16, 4, 4>;
-  }
+  if (split == 1) return t8 ? kernels::ring_gemm_kernel<8, 2, 1> : kernels::ring_gemm_kernel<16, 2, 1>;
+  return t8 ? kernels::ring_gemm_kernel<8, 4, 2> : kernels::ring_gemm_kernel<16, 4, 2>;
 }
 
 kernels::LaunchShape ring_shape(int m, int split, int grid, bool enable_pdl) {

@@ -83,8 +83,8 @@ std::optional<std::string> pooler_choice_unsupported(int n, int k, int m, const 
   if (c.engine == PoolerGemmEngine::ring) {
     if (auto why = batch_unsupported(m)) return why;
     const int split = c.ring_split;
-    if (split != 1 && split != 2 && split != 4)
-      return detail::concat("pooler GEMM ring engine: split ", split, " is not 1, 2 or 4");
+    if (split != 1 && split != 2)
+      return detail::concat("pooler GEMM ring engine: split ", split, " is not 1 or 2");
     const int rows = pooler_ring_rows(split), km = pooler_ring_k_multiple(split);
     if (n <= 0 || n % rows)
       return detail::concat("pooler GEMM ring engine: N = ", n, " is not a positive multiple of ", rows, " (split ",
@@ -102,7 +102,7 @@ std::vector<PoolerGemmChoice> pooler_gemm_candidates() {
   c.engine = PoolerGemmEngine::mma;
   out.push_back(c);
   c.engine = PoolerGemmEngine::ring;
-  for (int split : {1, 2, 4}) {
+  for (int split : {1, 2}) {
     c.ring_split = split;
     out.push_back(c);
   }
@@ -130,9 +130,10 @@ PoolerGemmChoice mma() {
   return c;
 }
 
-PoolerGemmChoice ring() {
+PoolerGemmChoice ring(int split) {
   PoolerGemmChoice c;
   c.engine = PoolerGemmEngine::ring;
+  c.ring_split = split;
   return c;
 }
 
@@ -156,7 +157,12 @@ PoolerGemmChoice ring() {
 // / 22.45 against 20.34 / 17.22 / 22.43). Its time grows with b where the MMA
 // engine's is flat: b = 15 is a tie (19.54 / 17.65 / 22.76 against 20.36 /
 // 17.27 / 22.38) and b = 16 the MMA engine's (19.64 / 17.78 / 22.84 against
-// 20.41 / 17.34 / 22.43), both left to the MMA engine. At b <= 8 the ring, since
+// 20.41 / 17.34 / 22.43). There the ring at split 2 (64-row tiles, K split
+// over a cluster of two CTAs; 2026-12-02, 039be51, pooler_2026-12-02_039be51
+// and pooler_ring_2026-12-02_039be51_split_ab) is 0.6-0.9 us faster than the
+// MMA engine with PDL off and level in the chain (b = 16: 19.77 / 17.41 /
+// 22.69 against 20.69 / 17.51 / 22.50; b = 15: 19.94 / 17.62 against 20.80 /
+// 17.46), and 0.2-0.3 us slower than split 1 at b <= 12. At b <= 8 the ring, since
 // its x was loaded three stages ahead (f0f5dbd, pooler_2026-12-02_f0f5dbd), is
 // level with the MMA engine by the sum (within 0.1-0.26 us at tp 1 b = 2..8:
 // faster in the chain, slower in Pooler.run; b = 1 a three-way tie), and at
@@ -164,7 +170,8 @@ PoolerGemmChoice ring() {
 // no faster): the MMA engine there.
 PoolerGemmChoice table_entry(int tp, int b) {
   if (b == 1) return skinny(512, 4, 2);
-  if (tp == 1 && b >= 9 && b <= 14) return ring();
+  if (tp == 1 && b >= 9 && b <= 14) return ring(1);
+  if (tp == 1 && b >= 15) return ring(2);
   return mma();
 }
 }  // namespace

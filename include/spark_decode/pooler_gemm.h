@@ -11,9 +11,9 @@
 //   ring    a streaming tensor-core GEMM whose weights reach the MMA through
 //           per-warp rings of shared-memory stages filled by cp.async, one
 //           CTA per SM (src/kernels/pooler/ring_gemm.cuh); at split 1 over
-//           32-row tiles, one CTA each; at split 2 or 4 over 64-row tiles
-//           whose K is split over the CTAs of a thread-block cluster of that
-//           size (half or a quarter of the activation reads per weight byte).
+//           32-row tiles, one CTA each; at split 2 over 64-row tiles whose K
+//           is split between the two CTAs of a thread-block cluster (half
+//           the activation reads per weight byte).
 // Each is bitwise reproducible and batch invariant for a fixed engine and
 // shape (SPEC §5); the engines sum in different orders, so their results
 // differ in the last bits, and a row's result depends on which engine the
@@ -27,8 +27,8 @@
 //        Unpooler's own conditions for mma (Unpooler::unsupported); for
 //        ring N % pooler_ring_rows(split) == 0 and K %
 //        pooler_ring_k_multiple(split) == 0, and the device must allow its
-//        up to 225 KiB of shared memory per CTA (and, at split > 1, run
-//        one cluster of that many such CTAs) (RuntimeError otherwise);
+//        up to 225 KiB of shared memory per CTA (and, at split 2, run a
+//        cluster of two such CTAs) (RuntimeError otherwise);
 //   x    BF16 [m, K] contiguous 16-byte aligned on W's device;
 //   out  BF16 [m, N] contiguous 16-byte aligned on W's device, not
 //        overlapping x; m one of the batches prepared at construction;
@@ -62,7 +62,7 @@ class LamportMailbox;
 class Unpooler;
 
 inline constexpr int kPoolerMaxBatch = 16;
-// The ring engine's granularity at a split (1, 2 or 4; see above): rows per
+// The ring engine's granularity at a split (1 or 2; see above): rows per
 // tile, and the K that every warp's 8 KiB stages divide (8 warps x split
 // CTAs x 128 K at 32 rows, 64 K at 64 rows).
 constexpr int pooler_ring_rows(int split) { return split == 1 ? 32 : 64; }
@@ -90,7 +90,7 @@ const char* engine_name(PoolerGemmEngine engine);
 struct PoolerGemmChoice {
   PoolerGemmEngine engine = PoolerGemmEngine::skinny;
   PoolerGemmShape shape;  // for skinny (ignored by the others)
-  int ring_split = 1;     // for ring: 1, 2 or 4 CTAs per tile (ignored by the others)
+  int ring_split = 1;     // for ring: 1 or 2 CTAs per tile (ignored by the others)
   std::string to_string() const;
 };
 

@@ -124,7 +124,8 @@ TEST(PoolerGemmShapes, ChecksDivisibilityAndCompiledShapes) {
 TEST(PoolerGemmShapes, TableCoversEveryModelShapeAndBatch) {
   // The choices measured on the H200 (bench/results/pooler_tune_2026-12-02_c5a28e4,
   // pooler_engines_2026-12-02_{d2436d0,bf38560}, pooler_2026-12-02_e1d3297):
-  // skinny(512, 4, 2) at b = 1, the ring engine at tp 1 for b = 9..14, the MMA engine everywhere else. Spelled out here so
+  // skinny(512, 4, 2) at b = 1, the ring engine at tp 1 for b = 9..14 (split 1)
+  // and 15..16 (split 2), the MMA engine everywhere else. Spelled out here so
   // that an entry the table's own check rejects (and silently replaces by a
   // fallback) fails this test.
   const sd::PoolerGemmShape b1{512, 4, 2};
@@ -132,12 +133,13 @@ TEST(PoolerGemmShapes, TableCoversEveryModelShapeAndBatch) {
     for (int b = 1; b <= sd::kPoolerMaxBatch; ++b) {
       const int n = sd::kMuseSpark.pooled / tp, k = sd::kMuseSpark.hidden;
       const auto c = sd::pooler_gemm_choice(n, k, tp, b);
-      const bool skinny = b == 1, ring = tp == 1 && b >= 9 && b <= 14;
+      const bool skinny = b == 1, ring = tp == 1 && b >= 9;
       ASSERT_EQ(c.engine, skinny ? sd::PoolerGemmEngine::skinny
                           : ring ? sd::PoolerGemmEngine::ring
                                  : sd::PoolerGemmEngine::mma)
           << "tp " << tp << " b " << b;
       if (skinny) EXPECT_EQ(c.shape, b1) << "tp " << tp << " b " << b << ": " << c.to_string();
+      if (ring) EXPECT_EQ(c.ring_split, b >= 15 ? 2 : 1) << "b " << b;
     }
   // A small shape no table entry names: a compiled skinny shape that fits.
   const auto c = sd::pooler_gemm_choice(64, 8192, 2, 3);
@@ -150,21 +152,21 @@ TEST(PoolerGemmShapes, TableCoversEveryModelShapeAndBatch) {
 
 TEST(PoolerGemmShapes, CandidatesNameEveryEngineAndShapeOnce) {
   const auto all = sd::pooler_gemm_candidates();
-  ASSERT_EQ(all.size(), 4 + sd::pooler_gemm_shapes().size());
+  ASSERT_EQ(all.size(), 3 + sd::pooler_gemm_shapes().size());
   EXPECT_EQ(all[0].engine, sd::PoolerGemmEngine::mma);
-  for (int i = 1; i <= 3; ++i) {
+  for (int i = 1; i <= 2; ++i) {
     EXPECT_EQ(all[i].engine, sd::PoolerGemmEngine::ring);
     EXPECT_EQ(all[i].ring_split, 1 << (i - 1));
   }
-  for (size_t i = 4; i < all.size(); ++i) {
+  for (size_t i = 3; i < all.size(); ++i) {
     EXPECT_EQ(all[i].engine, sd::PoolerGemmEngine::skinny);
-    EXPECT_EQ(all[i].shape, sd::pooler_gemm_shapes()[i - 4]);
+    EXPECT_EQ(all[i].shape, sd::pooler_gemm_shapes()[i - 3]);
   }
   // Names are distinct: benchmarks and results key on them.
   for (size_t i = 0; i < all.size(); ++i)
     for (size_t j = 0; j < i; ++j) EXPECT_NE(all[i].to_string(), all[j].to_string());
   // The skinny shape's own reasons; the MMA engine's are the Unpooler's, at construction.
-  const auto skinny = all[4];
+  const auto skinny = all[3];
   EXPECT_EQ(sd::pooler_choice_unsupported(2049, 8192, 1, skinny), sd::pooler_gemm_unsupported(2049, 8192, 1, skinny.shape));
   EXPECT_TRUE(sd::pooler_choice_unsupported(2049, 8192, 1, skinny));  // N odd
   EXPECT_FALSE(sd::pooler_choice_unsupported(2049, 8192, 1, all.front()));
@@ -196,18 +198,16 @@ TEST(PoolerGemmShapes, SplitRingEngineGivesItsReasons) {
     const auto why = sd::pooler_choice_unsupported(n, k, 1, {sd::PoolerGemmEngine::ring, {}, split});
     return why ? *why : std::string("(none)");
   };
-  for (int split : {2, 4})
-    for (int tp : sd::kTensorParallelSizes)
-      EXPECT_EQ(reason(split, sd::kMuseSpark.pooled / tp, sd::kMuseSpark.hidden), "(none)") << "tp " << tp;
+  for (int tp : sd::kTensorParallelSizes)
+    EXPECT_EQ(reason(2, sd::kMuseSpark.pooled / tp, sd::kMuseSpark.hidden), "(none)") << "tp " << tp;
   EXPECT_EQ(sd::pooler_ring_rows(2), 64);
   EXPECT_EQ(sd::pooler_ring_k_multiple(2), 1024);
-  EXPECT_EQ(sd::pooler_ring_k_multiple(4), 2048);
   EXPECT_NE(reason(2, 2048 + 32, 8192).find("N = 2080 is not a positive multiple of 64 (split 2)"), std::string::npos)
       << reason(2, 2048 + 32, 8192);
-  EXPECT_NE(reason(4, 2048, 8192 - 1024).find("K = 7168 is not a positive multiple of 2048"), std::string::npos)
-      << reason(4, 2048, 8192 - 1024);
+  EXPECT_NE(reason(2, 2048, 8192 - 512).find("K = 7680 is not a positive multiple of 1024"), std::string::npos)
+      << reason(2, 2048, 8192 - 512);
   EXPECT_EQ(reason(2, 2048, 8192 - 1024), "(none)");
-  EXPECT_NE(reason(3, 2048, 8192).find("split 3 is not 1, 2 or 4"), std::string::npos) << reason(3, 2048, 8192);
+  EXPECT_NE(reason(4, 2048, 8192).find("split 4 is not 1 or 2"), std::string::npos) << reason(4, 2048, 8192);
   EXPECT_EQ(sd::PoolerGemmChoice({sd::PoolerGemmEngine::ring, {}, 2}).to_string(),
             "ring(64-row tiles, K split over 2 CTAs)");
 }

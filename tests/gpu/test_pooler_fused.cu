@@ -298,13 +298,13 @@ TEST(PoolerGemmPublish, FusedEqualsRunPlusPublishOneGpu) {
 
 // The ring engine's fused publish where a CTA (or cluster) owns several
 // tiles (the model shards give each one): N = 64 (2 SMs + 7), K = 2048
-// (every split: 2 stages per warp and tile at splits 1 and 2, 1 at split 4).
+// (2 stages per warp and tile at either split).
 TEST(PoolerGemmPublish, FusedEqualsRunPlusPublishSeveralTilesPerCta) {
   SKIP_WITHOUT_GPU(1);
   const uint64_t seed = test_seed("gemm publish tiles");
   int sms = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const int n = sd::pooler_ring_rows(4) * (2 * sms + 7), k = sd::pooler_ring_k_multiple(4);
+  const int n = sd::pooler_ring_rows(2) * (2 * sms + 7), k = 2 * sd::pooler_ring_k_multiple(2);
   for (const auto& f :
        run_on_gpus(1, [&](sd::Group& g, int d) { gemm_publish_equals_run_plus_publish(g, d, seed, n, k); }))
     ADD_FAILURE() << f;

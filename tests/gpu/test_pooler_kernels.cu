@@ -283,23 +283,22 @@ TEST(PoolerGemm, EverySkinnyShapeIsAccurateReproducibleAndBatchInvariant) {
   }
 }
 
-// The ring engine where a CTA (split 1) or cluster (2, 4) streams several
+// The ring engine where a CTA (split 1) or cluster (split 2) streams several
 // tiles back to back (tiles over at most one CTA per SM), with fewer stages
-// per warp than its ring is deep (K = 1024 at split 1 and 2: 1 and 2 stages
-// per tile; 2048 at split 4: 1), several (3072; 4096 at split 4) and many (8192): every
-// distribution, every batch, through PoolerGemm as the Pooler uses it.
+// per warp than its ring is deep (K = 1024: one stage per tile), several
+// (3072) and many (8192): every distribution, every batch, through
+// PoolerGemm as the Pooler uses it.
 TEST(PoolerGemm, RingEngineOverSeveralTilesPerCta) {
   SKIP_WITHOUT_GPU(1);
   const uint64_t seed = test_seed("pooler gemm ring");
   int sms = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  for (int split : {1, 2, 4}) {
+  for (int split : {1, 2}) {
     const sd::PoolerGemmChoice ring{sd::PoolerGemmEngine::ring, {}, split};
     const int rows = sd::pooler_ring_rows(split), km = sd::pooler_ring_k_multiple(split);
     // Tiles: 2 or 3 per CTA or cluster (at most SMs / split clusters fit),
     // more, and fewer than there are SMs.
-    for (auto [n, k] : {std::pair{rows * (2 * sms / split + 7), km}, {rows * (sms + 3), split == 4 ? 2 * km : 3 * km},
-                        {rows * 5, 8192}})
+    for (auto [n, k] : {std::pair{rows * (2 * sms / split + 7), km}, {rows * (sms + 3), 3 * km}, {rows * 5, 8192}})
       for (Dist dist : kAllDists) {
         try {
           // One PoolerGemm per weight (the buffer gemm_checks uploads), made on

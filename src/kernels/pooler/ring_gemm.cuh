@@ -15,13 +15,20 @@
 // never stops until its last tile. (At the pooler's own shapes a CTA gets
 // one tile: tp 1 has 128 on 132 SMs; several where N > 32 x SMs.)
 //
-// Shape: tiles of 32 rows (two 16-row MMA tiles); CTA c owns tiles
-// c, c + gridDim.x, ... (gridDim.x <= the SM count); its ring::kWarps (8) warps
-// split K: warp w owns K [w K / 8, (w + 1) K / 8) of every tile. A stage is
-// 128 K of the tile's 32 rows for one warp (8 KiB): 16 copies of 16 bytes
-// per lane, in the Unpooler's row-swizzled pattern (each instruction reads 4
-// rows x 128 contiguous bytes); a lane then reads the half its MMA fragment
-// needs from its partner lane's slot, which replaces the Unpooler's shuffle.
+// Shape: tiles of RT 16-row MMA tiles. RT = 2, KS = 1 (split 1): 32-row
+// tiles; CTA c owns tiles c, c + gridDim.x, ... (gridDim.x <= the SM count);
+// its ring::kWarps (8) warps split K: warp w owns K [w K / 8, (w + 1) K / 8)
+// of every tile. RT = 4, KS = 2 (split 2): 64-row tiles, each CTA reading x
+// once per 64 rows instead of 32; to keep the SMs busy (tp 1: 64 tiles) a
+// tile's K is split between the KS CTAs of a cluster (grid (tiles in flight,
+// KS), cluster (1, KS, 1)): rank r's warp w owns the (r 8 + w)-th K / (8 KS).
+// (KS = 4 passes the tests but is not compiled: only 30 clusters of four
+// such CTAs fit an H200 at once, so the model's 32 or 64 tiles take two
+// rounds; measured 2.5-4 us slower.) A stage is 8 KiB of a warp's rows (128
+// K of 32 rows, 64 K of 64): 16 copies of 16 bytes per lane, in the
+// Unpooler's row-swizzled pattern (each instruction reads 4 rows x 128
+// contiguous bytes); a lane then reads the half its MMA fragment needs from
+// its partner lane's slot, which replaces the Unpooler's shuffle.
 // Stage j + D refills stage j's slot once stage j's MMAs are issued. The first D
 // stages are issued before griddepcontrol.wait (weights; programmatic
 // dependent launch streams them under the previous kernel's tail); x only
@@ -33,9 +40,17 @@
 //
 // Summation order (reproducible, batch invariant): a warp accumulates its K
 // range in MMA steps in K order into accumulator set step % 2, the sets
-// summed 0 then 1; the 8 warp partials are summed in warp order. Fixed by K
+// summed 0 then 1; a CTA's 8 warp partials are summed in warp order; with a
+// cluster, rank 0 adds the other ranks' CTA sums in rank order. Fixed by K
 // alone: not by m, the other rows, the tile order or the grid. It differs
-// from the other engines' orders (last bits).
+// between the splits and from the other engines' orders (last bits).
+//
+// The cluster's handshake (split 2), per tile: every CTA sums its warps;
+// each rank > 0 waits at the cluster barrier (phase = tile), stores its sum
+// into rank 0's shared memory with st.async on rank 0's mbarrier (phase =
+// tile), and arrives for the next tile; rank 0 waits for the bytes, adds,
+// re-arms its mbarrier and then arrives, so a sender never overwrites sums
+// rank 0 has not read. A sender leaves after its last stores.
 //
 // Fused publish (args.publish): the epilogue also writes each tile's y into
 // the mailbox, the bytes and stage word the mailbox's own publisher writes.
@@ -87,7 +102,7 @@ __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const P
   SPARK_TRACE_CTA(kRingGemm);
   constexpr int W = ring::kWarps, D = ring::kDepth, R = ring::x_sets(TILE);
   static_assert(R >= 1);
-  static_assert((RT == 2 && KS == 1) || (RT == 4 && (KS == 2 || KS == 4)), "the compiled ring shapes");
+  static_assert((RT == 2 && KS == 1) || (RT == 4 && (KS == 2 || KS == 4)), "the ring's shapes (see above)");
   constexpr int kNt = TILE / 8;
   constexpr int kRows = ring::rows(RT), kStageK = ring::stage_k(RT);
   constexpr int kV = kStageK / kUnpoolerBlockK;  // vectors per row per stage (4 or 2)

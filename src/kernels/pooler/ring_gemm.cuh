@@ -95,6 +95,17 @@ __host__ __device__ constexpr int smem_bytes(int tile, int rt, int ks) {
   return kWarps * kDepth * kStageBytes + partial_buffers(rt) * partial_floats(tile, rt) * 4 +
          (ks - 1) * partial_floats(tile, rt) * 4 + (ks > 1 ? 16 : 0) + 16 * rows(rt) * 2;
 }
+// Rank 0's mbarrier for the other ranks' partials: initialised, armed for
+// the first tile's `bytes`, and made visible to the cluster. Not inlined: as
+// a predicated block in the kernel, ptxas issues the one thread's init on the
+// warp's uniform datapath with all lanes active, which compute-sanitizer's
+// racecheck reports as a race between another lane's init and the arm; a
+// call is a real branch that only the calling thread takes.
+__device__ __noinline__ void init_cluster_mbarrier(uint32_t bar, int bytes) {
+  ptx::mbarrier_init(bar, 1);
+  ptx::mbarrier_arrive_expect_tx(bar, bytes);
+  ptx::fence_mbarrier_init_cluster();
+}
 }  // namespace ring
 
 template <int TILE, int RT, int KS>
@@ -142,11 +153,7 @@ __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const P
     // mbarrier (phase = tile index). Initialised and armed for the first
     // tile before the cluster barrier's first arrival, which the senders wait
     // on before their first store.
-    if (rank0 && threadIdx.x == 0) {
-      ptx::mbarrier_init(ptx::smem_addr(bar), 1);
-      ptx::mbarrier_arrive_expect_tx(ptx::smem_addr(bar), (KS - 1) * kPartial * int(sizeof(float)));
-      ptx::fence_mbarrier_init_cluster();
-    }
+    if (rank0 && threadIdx.x == 0) ring::init_cluster_mbarrier(ptx::smem_addr(bar), (KS - 1) * kPartial * 4);
     ptx::cluster_arrive_relaxed();
   }
 

@@ -158,11 +158,13 @@ PoolerGemmChoice ring(int split) {
 // engine's is flat: b = 15 is a tie (19.54 / 17.65 / 22.76 against 20.36 /
 // 17.27 / 22.38) and b = 16 the MMA engine's (19.64 / 17.78 / 22.84 against
 // 20.41 / 17.34 / 22.43). There the ring at split 2 (64-row tiles, K split
-// over a cluster of two CTAs; 2026-12-02, 039be51, pooler_2026-12-02_039be51
+// over a cluster of two CTAs; 2026-12-02, pooler_2026-12-02_{039be51,b924dc3}
 // and pooler_ring_2026-12-02_039be51_split_ab) is 0.6-0.9 us faster than the
 // MMA engine with PDL off and level in the chain (b = 16: 19.77 / 17.41 /
 // 22.69 against 20.69 / 17.51 / 22.50; b = 15: 19.94 / 17.62 against 20.80 /
-// 17.46), and 0.2-0.3 us slower than split 1 at b <= 12. At b <= 8 the ring, since
+// 17.46; summed with Pooler.run at b924dc3: b = 15 59.77 against 60.58 us,
+// b = 16 59.90 against 60.74), and 0.2-0.5 us slower than split 1 at b <= 12
+// (b = 14 ranked both ways in different runs: left to split 1). At b <= 8 the ring, since
 // its x was loaded three stages ahead (f0f5dbd, pooler_2026-12-02_f0f5dbd), is
 // level with the MMA engine by the sum (within 0.1-0.26 us at tp 1 b = 2..8:
 // faster in the chain, slower in Pooler.run; b = 1 a three-way tie), and at

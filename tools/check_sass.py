@@ -54,7 +54,8 @@ CP_ASYNC = ("16ring_gemm_kernel",)
 # ring engine at its 8-token tile loads x three stages ahead, and that paid
 # (0.2-0.9 us, bench/NOTES.md "The ring's x loads") only where ptxas put the
 # loads before the copies; a rewrite of the same source that it scheduled
-# behind them was 0.3-1.3 us slower than loading x one stage ahead.
+# behind them was 0.3-1.3 us slower than loading x one stage ahead. (The
+# prefix names the 8-token tile at either split: ring_gemm_kernel<8, RT, KS>.)
 X_BEFORE_COPIES = ("16ring_gemm_kernelILi8E",)
 
 

@@ -172,8 +172,7 @@ PoolerGemmChoice ring(int split) {
 // no faster): the MMA engine there.
 PoolerGemmChoice table_entry(int tp, int b) {
   if (b == 1) return skinny(512, 4, 2);
-  if (tp == 1 && b >= 9 && b <= 14) return ring(1);
-  if (tp == 1 && b >= 15) return ring(2);
+  if (tp == 1 && b >= 9) return ring(1);
   return mma();
 }
 }  // namespace

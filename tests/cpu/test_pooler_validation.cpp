@@ -124,8 +124,8 @@ TEST(PoolerGemmShapes, ChecksDivisibilityAndCompiledShapes) {
 TEST(PoolerGemmShapes, TableCoversEveryModelShapeAndBatch) {
   // The choices measured on the H200 (bench/results/pooler_tune_2026-12-02_c5a28e4,
   // pooler_engines_2026-12-02_{d2436d0,bf38560}, pooler_2026-12-02_e1d3297):
-  // skinny(512, 4, 2) at b = 1, the ring engine at tp 1 for b = 9..14 (split 1)
-  // and 15..16 (split 2), the MMA engine everywhere else. Spelled out here so
+  // skinny(512, 4, 2) at b = 1, the ring engine (split 1) at tp 1 for b = 9..16,
+  // the MMA engine everywhere else. Spelled out here so
   // that an entry the table's own check rejects (and silently replaces by a
   // fallback) fails this test.
   const sd::PoolerGemmShape b1{512, 4, 2};
@@ -139,7 +139,7 @@ TEST(PoolerGemmShapes, TableCoversEveryModelShapeAndBatch) {
                                  : sd::PoolerGemmEngine::mma)
           << "tp " << tp << " b " << b;
       if (skinny) EXPECT_EQ(c.shape, b1) << "tp " << tp << " b " << b << ": " << c.to_string();
-      if (ring) EXPECT_EQ(c.ring_split, b >= 15 ? 2 : 1) << "b " << b;
+      if (ring) EXPECT_EQ(c.ring_split, 1) << "b " << b;
     }
   // A small shape no table entry names: a compiled skinny shape that fits.
   const auto c = sd::pooler_gemm_choice(64, 8192, 2, 3);

@@ -70,6 +70,12 @@ __device__ __forceinline__ void cp_async_stream_16(uint32_t dst, const void* src
   asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "l"(policy)
                : "memory");
 }
+// 16 bytes of activations (written by the previous grid: only after
+// griddep_wait) copied the same way, with the default L2 policy: every CTA
+// reads them, so they should stay in L2.
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {

@@ -77,6 +77,13 @@ inline constexpr int kStageBytes = 16 * 32 * 16;  // 8 KiB: 16 copies of 16 byte
 // weights; measured at kDepth = 3); 1 at 16, where 2 or 3 measured 0.3-1.3 us
 // slower.
 __host__ __device__ constexpr int x_sets(int tile) { return tile == 8 ? kDepth : 1; }
+// At the 16-token tile x is staged instead: copied into shared memory by the
+// same cp.async group as its stage's weights, so it arrives with them
+// (register sets ahead cost too many registers there; x's L2 round trips in
+// the stage loop cost 1-1.7 us, bench/NOTES.md). The room comes from a
+// shallower ring: two weight stages per warp instead of three.
+__host__ __device__ constexpr bool x_staged(int tile) { return tile == 16; }
+__host__ __device__ constexpr int depth(int tile) { return x_staged(tile) ? 2 : kDepth; }
 // A tile is RT 16-row MMA tiles (RT = 2: 32 rows, one CTA each; RT = 4: 64
 // rows, K split over the KS CTAs of a cluster). A stage is 8 KiB of a warp's
 // rows whatever their number: 256 / RT K.
@@ -89,11 +96,15 @@ __host__ __device__ constexpr int partial_floats(int tile, int rt) { return rt *
 // measured); RT = 4 sums them in two rounds of 4 warps to leave room for the
 // other CTAs' partials beside the rings (227 KiB per CTA at most).
 __host__ __device__ constexpr int partial_buffers(int rt) { return rt == 2 ? 2 * kWarps : kWarps / 2; }
-// Shared memory: the rings, the warp partials, the other ranks' CTA
-// partials and an mbarrier (cluster rank 0), the tile's y (BF16 [16][rows]).
+// A staged x stage: [tile tokens][stage K] BF16.
+__host__ __device__ constexpr int x_stage_bytes(int tile, int rt) { return x_staged(tile) ? tile * stage_k(rt) * 2 : 0; }
+// Shared memory: the rings (weights, then staged x), the warp partials, the
+// other ranks' CTA partials and an mbarrier (cluster rank 0), the tile's y
+// (BF16 [16][rows]).
 __host__ __device__ constexpr int smem_bytes(int tile, int rt, int ks) {
-  return kWarps * kDepth * kStageBytes + partial_buffers(rt) * partial_floats(tile, rt) * 4 +
-         (ks - 1) * partial_floats(tile, rt) * 4 + (ks > 1 ? 16 : 0) + 16 * rows(rt) * 2;
+  return kWarps * depth(tile) * (kStageBytes + x_stage_bytes(tile, rt)) +
+         partial_buffers(rt) * partial_floats(tile, rt) * 4 + (ks - 1) * partial_floats(tile, rt) * 4 +
+         (ks > 1 ? 16 : 0) + 16 * rows(rt) * 2;
 }
 // Rank 0's mbarrier for the other ranks' partials: initialised, armed for
 // the first tile's `bytes`, and made visible to the cluster. Not inlined: as
@@ -111,7 +122,8 @@ __device__ __noinline__ void init_cluster_mbarrier(uint32_t bar, int bytes) {
 template <int TILE, int RT, int KS>
 __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const PoolerGemmArgs a) {
   SPARK_TRACE_CTA(kRingGemm);
-  constexpr int W = ring::kWarps, D = ring::kDepth, R = ring::x_sets(TILE);
+  constexpr bool XS = ring::x_staged(TILE);
+  constexpr int W = ring::kWarps, D = ring::depth(TILE), R = XS ? 1 : ring::x_sets(TILE);
   static_assert(R >= 1);
   static_assert((RT == 2 && KS == 1) || (RT == 4 && (KS == 2 || KS == 4)), "the ring's shapes (see above)");
   constexpr int kNt = TILE / 8;
@@ -121,7 +133,9 @@ __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const P
   static_assert(kSlots * 32 * 16 == ring::kStageBytes);
   constexpr int kPartial = ring::partial_floats(TILE, RT);  // floats per warp partial of a tile
   extern __shared__ __align__(16) unsigned char smem[];     // 16-byte copies and reads only
-  float* const partials = reinterpret_cast<float*>(smem + W * D * ring::kStageBytes);
+  constexpr int kXStage = ring::x_stage_bytes(TILE, RT);  // bytes (0: x in registers)
+  constexpr int kXChunks = kStageK / 8;                    // 16-byte chunks per token of a staged x stage
+  float* const partials = reinterpret_cast<float*>(smem + W * D * (ring::kStageBytes + kXStage));
   float* const remote_partials = partials + ring::partial_buffers(RT) * kPartial;  // [KS - 1][kPartial]
   uint64_t* const bar = reinterpret_cast<uint64_t*>(remote_partials + (KS - 1) * kPartial);
   __nv_bfloat16* const y_tile =
@@ -145,6 +159,11 @@ __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const P
   // half ab: rows g or g + 8) as (r kV + v) 2 + ab; a slot is 32 lanes x 16
   // bytes, so a warp's reads of one slot are conflict-free.
   auto slot_addr = [&](int s, int idx, int ln) { return ring_base + (s * kSlots + idx) * 512 + ln * 16; };
+  // Staged x: chunk c of token r of stage slot s, at chunk c ^ 4 (r & 1) of
+  // the token's row, so that the 8 lanes of a quarter warp (tokens g, g + 1)
+  // read 8 different bank groups.
+  const uint32_t x_base = ptx::smem_addr(smem) + W * D * ring::kStageBytes + warp * D * kXStage;
+  auto x_addr = [&](int s, int r, int c) { return x_base + s * kXStage + (r * kXChunks + (c ^ ((r & 1) << 2))) * 16; };
   auto idx_of = [](int r, int v, int ab) { return (r * kV + v) * 2 + ab; };
 
   const bool rank0 = KS == 1 || blockIdx.y == 0;
@@ -157,11 +176,10 @@ __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const P
     ptx::cluster_arrive_relaxed();
   }
 
-  // Stage j's copies (an empty group past the end keeps the wait counts
-  // uniform). Lane (g, t) copies, as the Unpooler's swizzled loads do,
-  // vector v + (g & 1) of row g / 2 and vector v + 1 - (g & 1) of row
-  // 4 + g / 2 of each vector pair (rows 8 on for the second half).
-  auto issue = [&](int j) {
+  // Stage j's weight copies. Lane (g, t) copies, as the Unpooler's swizzled
+  // loads do, vector v + (g & 1) of row g / 2 and vector v + 1 - (g & 1) of
+  // row 4 + g / 2 of each vector pair (rows 8 on for the second half).
+  auto issue_w = [&](int j) {
     if (j < total) {
       const int tile = blockIdx.x + (j / spt) * gridDim.x, ks = j % spt;
       const size_t row0 = size_t(tile) * kRows;
@@ -180,16 +198,48 @@ __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const P
           ptx::cp_async_stream_16(slot_addr(s, idx_of(r, v + 1, 1), lane), w_q + at + 8 * size_t(k), policy);
         }
     }
+  };
+  // Stage j's staged x (XS): the m tokens' rows of its K, coalesced; rows
+  // past m are not copied (their fragments read as zero).
+  auto issue_x = [&](int j) {
+    if (j < total) {
+      const int kx = k0 + (j % spt) * kStageK, s = j % D;
+#pragma unroll
+      for (int i = 0; i < TILE * kXChunks / 32; ++i) {
+        const int idx = lane + 32 * i, r = idx / kXChunks, c = idx % kXChunks;
+        if (r < a.m) ptx::cp_async_16(x_addr(s, r, c), a.x + size_t(r) * k + kx + c * 8);
+      }
+    }
+  };
+  // Stage j's group (an empty group past the end keeps the wait counts
+  // uniform).
+  auto issue = [&](int j) {
+    issue_w(j);
+    if constexpr (XS) issue_x(j);
     ptx::cp_async_commit();
   };
 
+  // The first D stages' weights before the wait. Staged x only after it:
+  // group 0 then holds the first D stages' weights and stage 0's x, group j
+  // < D stage j's x, and from there group j stage j's weights and x, so that
+  // waiting for group j still finds all of stage j.
 #pragma unroll
-  for (int j = 0; j < D; ++j) issue(j);
+  for (int j = 0; j < D; ++j) {
+    issue_w(j);
+    if constexpr (!XS) ptx::cp_async_commit();
+  }
 
   // x is written by the previous grid.
   ptx::griddep_wait();
   SPARK_TRACE_WAITED();
   ptx::griddep_launch_dependents();
+  if constexpr (XS) {
+#pragma unroll
+    for (int j = 0; j < D; ++j) {
+      issue_x(j);
+      ptx::cp_async_commit();
+    }
+  }
   const bool publishing = a.publish.mode != mailbox_dev::PublishTarget::kNone;
   constexpr int kItems = kRows / 8;  // 16-byte vectors of y per token and tile
   uint32_t stage = 0;
@@ -217,7 +267,7 @@ __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const P
   if constexpr (R > 1) {
 #pragma unroll
     for (int u = 0; u < R; ++u) load_x(xr[u], u);
-  } else {
+  } else if constexpr (!XS) {
     load_x(xn, 0);
   }
 
@@ -245,7 +295,7 @@ __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const P
     for (int u = 0; u < R; ++u) {
       const int j = j0 + u;
       if (j >= total) break;
-      if constexpr (R == 1) {
+      if constexpr (R == 1 && !XS) {
 #pragma unroll
         for (int v = 0; v < kV; ++v)
 #pragma unroll
@@ -267,6 +317,17 @@ __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const P
       // __syncwarp that follows its own wait.
       ptx::cp_async_wait<D - 1>();
       __syncwarp();
+      if constexpr (XS) {
+        // The stage's x fragments: lane (g, t) takes the 16 bytes at K v 32 +
+        // 8 t of token nt 8 + g, as load_x would.
+#pragma unroll
+        for (int v = 0; v < kV; ++v)
+#pragma unroll
+          for (int nt = 0; nt < kNt; ++nt) {
+            const int r = nt * 8 + g;
+            xr[0][v][nt] = r < a.m ? ptx::ld_shared_v4(x_addr(s, r, v * 4 + t)) : make_uint4(0, 0, 0, 0);
+          }
+      }
 #pragma unroll
       for (int q = 0; q < kV; q += 2) {
         // Vectors q and q + 1 of rows perm(g), perm(g) + 8 (perm as in the

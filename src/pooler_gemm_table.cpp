@@ -151,20 +151,22 @@ PoolerGemmChoice ring(int split) {
 // off gets; tp 4 and 8 the skinny GEMM in both modes); from b = 2 on the MMA
 // engine (tp 1, b = 2: 18.1 / 15.6 against the best skinny shape's 18.3 /
 // 16.8), its time flat in b while the skinny GEMM's CUDA-core FMAs and its
-// per-4-rows re-reads of x grow with b; except at tp 1 for b = 9..14, where the
+// per-4-rows re-reads of x grow with b; except at tp 1 for b = 9..16, where the
 // ring engine's stream hides the second n8 MMA of the 16-token tile (b = 9:
 // 18.94 / 16.52 / 22.03 us against 20.21 / 17.20 / 21.96; b = 14: 19.36 / 17.33
 // / 22.45 against 20.34 / 17.22 / 22.43). Its time grows with b where the MMA
 // engine's is flat: b = 15 is a tie (19.54 / 17.65 / 22.76 against 20.36 /
 // 17.27 / 22.38) and b = 16 the MMA engine's (19.64 / 17.78 / 22.84 against
-// 20.41 / 17.34 / 22.43). There the ring at split 2 (64-row tiles, K split
-// over a cluster of two CTAs; 2026-12-02, pooler_2026-12-02_{039be51,b924dc3}
-// and pooler_ring_2026-12-02_039be51_split_ab) is 0.6-0.9 us faster than the
-// MMA engine with PDL off and level in the chain (b = 16: 19.77 / 17.41 /
-// 22.69 against 20.69 / 17.51 / 22.50; b = 15: 19.94 / 17.62 against 20.80 /
-// 17.46; summed with Pooler.run at b924dc3: b = 15 59.77 against 60.58 us,
-// b = 16 59.90 against 60.74), and 0.2-0.5 us slower than split 1 at b <= 12
-// (b = 14 ranked both ways in different runs: left to split 1). At b <= 8 the ring, since
+// 20.41 / 17.34 / 22.43). The ring at split 2 (64-row tiles, K split over a
+// cluster of two CTAs) then took b = 15..16 (b924dc3: 19.77-20.03 / 17.41-17.64
+// / 22.50-22.69 against the MMA engine's 20.69-20.75 / 17.48-17.51 / 22.50-
+// 22.52), until x staged through shared memory at the 16-token tile (ad4445e,
+// pooler_ring_2026-12-02_46c31d2+x_staged_ab) took split 1 to 18.69-18.76 /
+// 16.38-16.44 us at b = 9, 18.84-18.89 / 16.53-16.59 at 12 and 18.97-19.03 /
+// 16.62-16.69 at 16 (0.6-1.0 faster with PDL off, 0.4-1.4 in the chain), ahead
+// of split 2 (19.47-19.53 / 17.48-17.54 at b = 16) and of cuBLAS (19.10-19.21
+// at b = 9..12, 21.0-21.1 at 16): split 1 at b = 9..16. (Pooler.run on it was
+// last measured before the staging, at 22.35-23.34 us; not re-measured.) At b <= 8 the ring, since
 // its x was loaded three stages ahead (f0f5dbd, pooler_2026-12-02_f0f5dbd), is
 // level with the MMA engine by the sum (within 0.1-0.26 us at tp 1 b = 2..8:
 // faster in the chain, slower in Pooler.run; b = 1 a three-way tie), and at

@@ -32,11 +32,13 @@
 // Stage j + D refills stage j's slot once stage j's MMAs are issued. The first D
 // stages are issued before griddepcontrol.wait (weights; programmatic
 // dependent launch streams them under the previous kernel's tail); x only
-// after it, each stage's x into registers ahead of its MMAs (x's L2 latency
-// would otherwise sit on every stage's critical path: measured, 0.3-1.2 us
-// per call at b = 4..16): at the 8-token tile as many stages ahead as the
-// weights, in a ring of register sets; at the 16-token tile one stage, which
-// measured faster there (x_sets).
+// after it, ahead of its MMAs (x's L2 latency would otherwise sit on every
+// stage's critical path: measured, 0.3-1.9 us per call at b = 4..16): at the
+// 8-token tile into registers as many stages ahead as the weights, in a ring
+// of register sets (x_sets); at the 16-token tile, where register sets cost
+// too many registers, into shared memory by the same cp.async group as its
+// stage's weights, the room taken from the weights (rings of depth 2 there;
+// x_staged).
 //
 // Summation order (reproducible, batch invariant): a warp accumulates its K
 // range in MMA steps in K order into accumulator set step % 2, the sets

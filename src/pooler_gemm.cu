@@ -60,6 +60,12 @@ static_assert(kernels::ring::rows(2) == pooler_ring_rows(1) && kernels::ring::ro
                   kernels::ring::k_multiple(4, 2) == pooler_ring_k_multiple(2),
               "keep the ring engine's public constants in step with its kernel");
 
+// Every compiled ring shape fits the 227 KiB of shared memory an sm_90 CTA
+// may opt into (checked again at construction against the device's limit).
+static_assert(kernels::ring::smem_bytes(8, 2, 1) <= 227 * 1024 && kernels::ring::smem_bytes(16, 2, 1) <= 227 * 1024 &&
+                  kernels::ring::smem_bytes(8, 4, 2) <= 227 * 1024 && kernels::ring::smem_bytes(16, 4, 2) <= 227 * 1024,
+              "a ring shape needs more shared memory than an H100/H200 CTA can have");
+
 // The compiled ring kernels: (token tile, split); split 1 is 32-row tiles
 // (RT = 2), split 2 64-row tiles (RT = 4) over a cluster of two CTAs.
 using RingFn = void (*)(kernels::PoolerGemmArgs);

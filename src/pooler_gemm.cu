@@ -169,13 +169,13 @@ PoolerGemm::PoolerGemm(const TensorRef& weight, int tp, Options options)
   // kernel, so setting it cannot lower another's), one CTA per SM; with a
   // split, as many clusters as fit at once.
   ring_grid_.assign(kPoolerMaxBatch, 0);
+  int optin = 0, sms = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_));
   for (int b : batches)
     if (choice_[b - 1]->engine == PoolerGemmEngine::ring) {
       const int split = choice_[b - 1]->ring_split;
       const int smem = kernels::ring::smem_bytes(ring_tile(b), ring_rt(split), split);
-      int optin = 0, sms = 0;
-      CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
-      CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_));
       SPARK_CHECK_RUNTIME(smem <= optin, "pooler GEMM ring engine: needs ", smem,
                           " bytes of shared memory per block; cuda:", device_, " allows ", optin);
       CUDA_CHECK(cudaFuncSetAttribute(ring_kernel(b, split), cudaFuncAttributeMaxDynamicSharedMemorySize, smem));

@@ -74,18 +74,17 @@ namespace ring {
 inline constexpr int kWarps = 8;                  // per CTA (one CTA per SM)
 inline constexpr int kDepth = 3;                  // stages per warp's ring
 inline constexpr int kStageBytes = 16 * 32 * 16;  // 8 KiB: 16 copies of 16 bytes per lane
-// Register sets of x per warp, by token tile (measured, one H200,
-// bench/NOTES.md): kDepth at the 8-token tile (x loaded as far ahead as the
-// weights; measured at kDepth = 3); 1 at 16, where 2 or 3 measured 0.3-1.3 us
-// slower.
-__host__ __device__ constexpr int x_sets(int tile) { return tile == 8 ? kDepth : 1; }
-// At the 16-token tile x is staged instead: copied into shared memory by the
-// same cp.async group as its stage's weights, so it arrives with them
-// (register sets ahead cost too many registers there; x's L2 round trips in
-// the stage loop cost 1-1.7 us, bench/NOTES.md). The room comes from a
-// shallower ring: two weight stages per warp instead of three.
+// At the 16-token tile x is staged: copied into shared memory by the same
+// cp.async group as its stage's weights, so it arrives with them (register
+// sets ahead measured 0.3-1.3 us slower there, too many registers; x's L2
+// round trips in the stage loop cost 1-1.7 us, bench/NOTES.md). The room
+// comes from a shallower ring: two weight stages per warp instead of three.
 __host__ __device__ constexpr bool x_staged(int tile) { return tile == 16; }
 __host__ __device__ constexpr int depth(int tile) { return x_staged(tile) ? 2 : kDepth; }
+// Register sets of x per warp: at the 8-token tile kDepth, x loaded as far
+// ahead as the weights (measured at kDepth = 3, one H200, bench/NOTES.md);
+// staged, one set that holds the current stage's fragments.
+__host__ __device__ constexpr int x_sets(int tile) { return x_staged(tile) ? 1 : kDepth; }
 // A tile is RT 16-row MMA tiles (RT = 2: 32 rows, one CTA each; RT = 4: 64
 // rows, K split over the KS CTAs of a cluster). A stage is 8 KiB of a warp's
 // rows whatever their number: 256 / RT K.
@@ -125,8 +124,8 @@ template <int TILE, int RT, int KS>
 __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const PoolerGemmArgs a) {
   SPARK_TRACE_CTA(kRingGemm);
   constexpr bool XS = ring::x_staged(TILE);
-  constexpr int W = ring::kWarps, D = ring::depth(TILE), R = XS ? 1 : ring::x_sets(TILE);
-  static_assert(R >= 1);
+  constexpr int W = ring::kWarps, D = ring::depth(TILE), R = ring::x_sets(TILE);
+  static_assert(XS || R > 1, "x either staged or in register sets ahead");
   static_assert((RT == 2 && KS == 1) || (RT == 4 && (KS == 2 || KS == 4)), "the ring's shapes (see above)");
   constexpr int kNt = TILE / 8;
   constexpr int kRows = ring::rows(RT), kStageK = ring::stage_k(RT);
@@ -261,16 +260,13 @@ __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const P
                                                : make_uint4(0, 0, 0, 0);
       }
   };
-  // R > 1: set u holds stage j's x for j = u (mod R), reloaded with stage
-  // j + R's once stage j's MMAs are issued. R = 1: xr[0] is the stage's x,
-  // xn the next stage's, copied in as the stage begins (the copy waits for
-  // it, so a warp has one stage of x in flight).
-  XSet xr[R], xn;
-  if constexpr (R > 1) {
+  // In registers (!XS): set u holds stage j's x for j = u (mod R), reloaded
+  // with stage j + R's once stage j's MMAs are issued. Staged: xr[0] takes
+  // each stage's fragments from shared memory after its wait.
+  XSet xr[R];
+  if constexpr (!XS) {
 #pragma unroll
     for (int u = 0; u < R; ++u) load_x(xr[u], u);
-  } else if constexpr (!XS) {
-    load_x(xn, 0);
   }
 
   // Item (token, c): features [8c, 8c + 8) of the tile for one token, from
@@ -297,13 +293,6 @@ __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const P
     for (int u = 0; u < R; ++u) {
       const int j = j0 + u;
       if (j >= total) break;
-      if constexpr (R == 1 && !XS) {
-#pragma unroll
-        for (int v = 0; v < kV; ++v)
-#pragma unroll
-          for (int nt = 0; nt < kNt; ++nt) xr[0][v][nt] = xn[v][nt];
-        load_x(xn, j + 1);
-      }
       const int ks = j % spt, s = j % D, tile_i = j / spt;
       if (ks == 0) {
 #pragma unroll
@@ -362,7 +351,7 @@ __global__ void __launch_bounds__(32 * ring::kWarps, 1) ring_gemm_kernel(const P
       __syncwarp();  // every lane has read slot s (partners read each other's)
       // x before the weight copies: measured faster only in that order, which
       // tools/check_sass.py (X_BEFORE_COPIES) checks in the machine code.
-      if constexpr (R > 1) load_x(xr[u], j + R);
+      if constexpr (!XS) load_x(xr[u], j + R);
       issue(j + D);
 
       if (ks == spt - 1) {

@@ -141,40 +141,35 @@ PoolerGemmChoice ring(int split) {
 // pooler --b 1,2,3,4,6`, the MMA engine at its tactic-table rows, with the
 // row-swizzled weight loads; the ring engine:
 // pooler_engines_2026-12-02_d2436d0, _bf38560,
-// pooler_2026-12-02_{e1d3297,8036fc5_run_engines,9c57432}). The engines give
-// different bits, and PDL on must equal off, so one choice serves both modes:
-// the one with the lowest sum of the GEMM's time with PDL off, in a PDL chain,
-// and Pooler.run's (a PDL chain through the whole boundary, `bench pooler
-// --run-engines`; tools/rank_pooler.py). At b = 1 the skinny GEMM (tp 1: 16.8
-// us with PDL off, 16.0 in a PDL chain, Pooler.run 19.6-19.8; the MMA engine
-// 18.0, 15.5 and 18.8-19.0: a tie by the sum, and the skinny GEMM is what PDL
-// off gets; tp 4 and 8 the skinny GEMM in both modes); from b = 2 on the MMA
-// engine (tp 1, b = 2: 18.1 / 15.6 against the best skinny shape's 18.3 /
-// 16.8), its time flat in b while the skinny GEMM's CUDA-core FMAs and its
-// per-4-rows re-reads of x grow with b; except at tp 1 for b = 9..16, where the
-// ring engine's stream hides the second n8 MMA of the 16-token tile (b = 9:
-// 18.94 / 16.52 / 22.03 us against 20.21 / 17.20 / 21.96; b = 14: 19.36 / 17.33
-// / 22.45 against 20.34 / 17.22 / 22.43). Its time grows with b where the MMA
-// engine's is flat: b = 15 is a tie (19.54 / 17.65 / 22.76 against 20.36 /
-// 17.27 / 22.38) and b = 16 the MMA engine's (19.64 / 17.78 / 22.84 against
-// 20.41 / 17.34 / 22.43). The ring at split 2 (64-row tiles, K split over a
-// cluster of two CTAs) then took b = 15..16 (b924dc3: 19.77-20.03 / 17.41-17.64
-// / 22.50-22.69 against the MMA engine's 20.69-20.75 / 17.48-17.51 / 22.50-
-// 22.52), until x staged through shared memory at the 16-token tile (ad4445e,
-// pooler_ring_2026-12-02_46c31d2+x_staged_ab) took split 1 to 18.69-18.76 /
-// 16.38-16.44 us at b = 9, 18.84-18.89 / 16.53-16.59 at 12 and 18.97-19.03 /
-// 16.62-16.69 at 16 (0.6-1.0 faster with PDL off, 0.4-1.4 in the chain), ahead
-// of split 2 (19.47-19.53 / 17.48-17.54 at b = 16) and of cuBLAS (19.10-19.21
-// at b = 9..12, 21.0-21.1 at 16): split 1 at b = 9..16. (Pooler.run on it was
-// last measured before the staging, at 22.35-23.34 us; not re-measured.) At b <= 8 the ring, since
-// its x was loaded three stages ahead (f0f5dbd, pooler_2026-12-02_f0f5dbd), is
-// level with the MMA engine by the sum (within 0.1-0.26 us at tp 1 b = 2..8:
-// faster in the chain, slower in Pooler.run; b = 1 a three-way tie), and at
-// tp 2 its 64 CTAs leave half the SMs idle (1-3 us slower; 16-row tiles on 128 CTAs were
-// no faster): the MMA engine there.
+// pooler_2026-12-02_{e1d3297,8036fc5_run_engines,9c57432,b924dc3,5eb740d}).
+// The engines give different bits, and PDL on must equal off, so one choice
+// serves both modes: the one with the lowest sum of the GEMM's time with PDL
+// off, in a PDL chain, and Pooler.run's (a PDL chain through the whole
+// boundary, `bench pooler --run-engines`; tools/rank_pooler.py).
+//
+// tp 1: the ring engine at split 1 for every b. At b = 9..16 (its 16-token
+// tile, x staged through shared memory since ad4445e) it hides the second n8
+// MMA that costs the MMA engine ~2 us: 5eb740d, PDL off / chain / Pooler.run,
+// b = 9 18.37 / 16.11 / 21.37 us against 20.24 / 17.17 / 21.95, b = 16 18.56 /
+// 16.23 / 21.57 against 20.48 / 17.30 / 22.38 (cuBLAS 18.87-18.99 at b = 9..15,
+// 20.56 at 16); split 2 0.3-0.5 slower in each. At b <= 8 (8-token tile, x in
+// registers three stages ahead) it leads by the sum in both runs that timed
+// Pooler.run on every engine: b = 1 51.07 us against the skinny GEMM's 52.18
+// and the MMA engine's 52.10 (5eb740d; b924dc3: 52.51, 52.78, 52.84), b = 4
+// 52.06 against 53.44 (53.59 against 54.15), b = 8 54.11 against 54.75 (55.35
+// against 55.37). The skinny GEMM keeps the lowest PDL-off time at b = 1
+// (16.76 against 17.45 us), but is slower in a chain (15.93 against 14.90)
+// and in Pooler.run (19.49 against 18.72). One engine at every b also makes
+// tp 1's pooler GEMM batch invariant across b.
+//
+// tp 2..8: at b = 1 the skinny GEMM (tp 4 and 8 in both modes; tp 2 9.4 / 8.7
+// against the MMA engine's 10.2 / 7.8 us, a tie by the sum); from b = 2 on the
+// MMA engine (its time flat in b while the skinny GEMM's CUDA-core FMAs and
+// its per-4-rows re-reads of x grow with b). The ring's 64 tiles at tp 2 leave
+// half the SMs idle: 1-3 us slower (16-row tiles on 128 CTAs were no faster).
 PoolerGemmChoice table_entry(int tp, int b) {
+  if (tp == 1) return ring(1);
   if (b == 1) return skinny(512, 4, 2);
-  if (tp == 1 && b >= 9) return ring(1);
   return mma();
 }
 }  // namespace
@@ -205,7 +200,7 @@ bool pooler_fused_publish(int tp, int b) {
 
 std::string format_pooler_gemm_table() {
   std::ostringstream os;
-  os << "pooler GEMM (N = P/tp, K = H; by tp and b; H200 2026-12-02, both modes, b = 1, 2, 3, 4, 6, 8, 9, 12..16):\n";
+  os << "pooler GEMM (N = P/tp, K = H; by tp and b; H200 2026-12-02, GEMM in both modes and Pooler.run, b = 1, 4, 8..16):\n";
   for (int tp : kTensorParallelSizes) {
     const int n = kMuseSpark.pooled / tp, k = kMuseSpark.hidden;
     os << "  tp " << tp << " N=" << n << " K=" << k << ":";

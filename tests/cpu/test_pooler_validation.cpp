@@ -123,9 +123,8 @@ TEST(PoolerGemmShapes, ChecksDivisibilityAndCompiledShapes) {
 
 TEST(PoolerGemmShapes, TableCoversEveryModelShapeAndBatch) {
   // The choices measured on the H200 (bench/results/pooler_tune_2026-12-02_c5a28e4,
-  // pooler_engines_2026-12-02_{d2436d0,bf38560}, pooler_2026-12-02_e1d3297):
-  // skinny(512, 4, 2) at b = 1, the ring engine (split 1) at tp 1 for b = 9..16,
-  // the MMA engine everywhere else. Spelled out here so
+  // pooler_2026-12-02_{b924dc3,5eb740d}): the ring engine (split 1) at tp 1 for
+  // every b; at tp 2..8 skinny(512, 4, 2) at b = 1 and the MMA engine from b = 2. Spelled out here so
   // that an entry the table's own check rejects (and silently replaces by a
   // fallback) fails this test.
   const sd::PoolerGemmShape b1{512, 4, 2};
@@ -133,7 +132,7 @@ TEST(PoolerGemmShapes, TableCoversEveryModelShapeAndBatch) {
     for (int b = 1; b <= sd::kPoolerMaxBatch; ++b) {
       const int n = sd::kMuseSpark.pooled / tp, k = sd::kMuseSpark.hidden;
       const auto c = sd::pooler_gemm_choice(n, k, tp, b);
-      const bool skinny = b == 1, ring = tp == 1 && b >= 9;
+      const bool ring = tp == 1, skinny = !ring && b == 1;
       ASSERT_EQ(c.engine, skinny ? sd::PoolerGemmEngine::skinny
                           : ring ? sd::PoolerGemmEngine::ring
                                  : sd::PoolerGemmEngine::mma)

@@ -26,6 +26,10 @@
 namespace spark_decode::bench {
 namespace {
 
+// Pooler.run with the table's engines and the fused consumer's trigger forced.
+const std::string kEarly = "the consumer launching the next kernel at its start";
+const std::string kLate = "the consumer launching the next kernel once its data arrived";
+
 // Whether an engine's name starts with one of the prefixes (none: all).
 bool selected(const std::vector<std::string>& prefixes, const std::string& name) {
   if (prefixes.empty()) return true;
@@ -98,7 +102,8 @@ void pooler_vs_stock(const PoolerBenchOptions& o, int tp, Report& report) {
   if (tp > 1) NCCL_CHECK(ncclGetUniqueId(&id));
   std::mutex mu;
   std::map<int, std::tuple<double, double, double>> results;  // b -> (run, stock, project+publish+gather)
-  std::map<std::pair<int, std::string>, double> forced_results;  // (b, engine) -> Pooler.run on that engine
+  // (b, record variant) -> Pooler.run with a forced engine or consumer trigger
+  std::map<std::pair<int, std::string>, double> forced_results;
   run_ranks(tp, [&](Group& group, int rank) {
         cudaStream_t stream;
         CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -133,6 +138,15 @@ void pooler_vs_stock(const PoolerBenchOptions& o, int tp, Report& report) {
             if (rank == 0) std::printf("pooler tp %d: Pooler.run on %s cannot run: %s\n", tp, c.to_string().c_str(), e.what());
             continue;
           }
+          forced.back().second->warm_up(stream);
+        }
+        // The table's engines with the fused consumer's trigger forced each way
+        // (pooler_consumer_launches_early): where the next GEMM may launch.
+        for (bool early : {true, false}) {
+          PoolerOptions po;
+          po.consumer_launches_early = early;
+          forced.emplace_back(early ? kEarly : kLate, std::make_unique<Pooler>(group, tp, rank, rank, layers, o.bs,
+                                                                            kMuseSpark.max_batch, true, po));
           forced.back().second->warm_up(stream);
         }
         DeviceMemory x(size_t{2} * kPoolerMaxBatch * H);
@@ -229,8 +243,10 @@ void pooler_vs_stock(const PoolerBenchOptions& o, int tp, Report& report) {
   }
   for (const auto& [key, us] : forced_results) {
     const auto& [b, name] = key;
-    report.records.push_back({"pooler", "spark", "run (PDL; engine " + name + ")", "graph", tp, b, P, H, us, floor});
-    std::printf("pooler tp %d b=%2d: Pooler.run on %-40s %6.2f us\n", tp, b, name.c_str(), us);
+    const bool trigger = name == kEarly || name == kLate;
+    report.records.push_back(
+        {"pooler", "spark", trigger ? "run (PDL; " + name + ")" : "run (PDL; engine " + name + ")", "graph", tp, b, P, H, us, floor});
+    std::printf("pooler tp %d b=%2d: Pooler.run %s %-40s %6.2f us\n", tp, b, trigger ? "with" : "on", name.c_str(), us);
   }
 }
 

@@ -31,7 +31,8 @@ int checked_rows(const TensorRef& x, int hidden, int device) {
 }  // namespace
 
 void gather_norm_nvfp4(LamportMailbox& mb, const void* norm_weight, const float* global_scale, float eps,
-                       float gain_center, void* a, void* a_sf, int b, cudaStream_t stream, bool enable_pdl) {
+                       float gain_center, void* a, void* a_sf, int b, cudaStream_t stream, bool enable_pdl,
+                       bool launch_next_early) {
   const int cols = mb.tp() * mb.width();
   SPARK_CHECK(b >= 1 && b <= mb.capacity(), "gather_norm_nvfp4: b = ", b, " outside [1, ", mb.capacity(),
               "] (the mailbox capacity)");
@@ -64,6 +65,7 @@ void gather_norm_nvfp4(LamportMailbox& mb, const void* norm_weight, const float*
   args.eps = eps;
   args.gain_center = gain_center;
   args.spin = kernels::mailbox_dev::SpinLimit{mb.spin_timeout_ns(), mb.timeout_record(), mb.rank()};
+  args.launch_next_early = launch_next_early ? 1 : 0;
   kernels::LaunchShape shape;
   shape.grid = dim3(b);
   shape.block = dim3(kernels::norm::threads_for(cols));
@@ -120,6 +122,7 @@ Pooler::Pooler(Group& group, int tp, int rank, int device, std::vector<PoolerLay
   const int shard = pooled_ / tp;
 
   LamportMailbox::Options mo;
+  consumer_launches_early_ = options.consumer_launches_early;
   mo.spin_timeout_s = options.spin_timeout_s;
   mo.guard_bytes = options.mailbox_guard_bytes;
   // Collective: returns once every rank's copy is initialised.
@@ -208,7 +211,8 @@ PoolerOutput Pooler::gather(int layer, int b, cudaStream_t stream) {
   PoolerOutput out;
   if (spec.global_scale) {
     gather_norm_nvfp4(*mailbox_, spec.norm_weight.data, static_cast<const float*>(spec.global_scale->data),
-                      spec.eps, spec.gain_center, packed_, scales_, b, stream, enable_pdl_);
+                      spec.eps, spec.gain_center, packed_, scales_, b, stream, enable_pdl_,
+                      consumer_launches_early_.value_or(pooler_consumer_launches_early(tp_, b)));
     out.nvfp4 = true;
     out.a = TensorRef::contiguous(packed_, DType::u8, {b, pooled_ / 2}, device_);
     out.a_sf = TensorRef::contiguous(scales_, DType::e4m3, {b, pooled_ / kNvfp4Block}, device_);

@@ -198,6 +198,15 @@ bool pooler_fused_publish(int tp, int b) {
   return b >= 2 && b <= 8;
 }
 
+// Measured on one H200 (tp 1, 2026-12-02, 71c8bea + a diagnostic build that
+// moved the trigger behind the poll, the ring at every b): Pooler.run at b =
+// 9 and 16 20.38 / 20.52 us with the late trigger against 21.38 / 21.59 early
+// (the ring's 16-token tile: x staged, two weight stages in flight per warp);
+// at b = 1, 4, 8 (its 8-token tile, three stages) 19.39 / 19.87 / 20.22
+// against 18.72 / 19.16 / 19.91. At tp 2..8 (the MMA engine from b = 2, two
+// GPUs) not measured: early, as before.
+bool pooler_consumer_launches_early(int tp, int b) { return !(tp == 1 && b >= 9); }
+
 std::string format_pooler_gemm_table() {
   std::ostringstream os;
   os << "pooler GEMM (N = P/tp, K = H; by tp and b; H200 2026-12-02, GEMM in both modes and Pooler.run, b = 1, 4, 8..16):\n";
@@ -222,6 +231,15 @@ std::string format_pooler_gemm_table() {
     for (int b = 1; b <= kPoolerMaxBatch; ++b)
       if (pooler_fused_publish(tp, b)) os << " " << b;
     os << "; with the publish kernel at the others\n";
+    os << "    its fused consumer lets the next kernel launch once its data has arrived at b";
+    bool any = false;
+    for (int b = 1; b <= kPoolerMaxBatch; ++b)
+      if (!pooler_consumer_launches_early(tp, b)) {
+        os << " " << b;
+        any = true;
+      }
+    if (!any) os << " (none)";
+    os << ", at its start at the others\n";
   }
   return os.str();
 }

@@ -118,10 +118,12 @@ PoolerLayer pooler_layer(const StockMoeLayer& moe, int tp, int rank, const Model
 // a_sf may not overlap the mailbox (all checked, InvalidArgument). The norm
 // weight is read before griddepcontrol.wait, the mailbox and the global
 // scale after. One kernel, grid (b), P/16 threads; capturable, allocates
-// nothing.
+// nothing. `launch_next_early`: the next kernel (with programmatic dependent
+// launch) may launch at this one's start, else once its data has arrived
+// (pooler_consumer_launches_early; the bytes are the same).
 void gather_norm_nvfp4(LamportMailbox& mailbox, const void* norm_weight, const float* global_scale,
                        float eps, float gain_center, void* a, void* a_sf, int b, cudaStream_t stream,
-                       bool enable_pdl = true);
+                       bool enable_pdl = true, bool launch_next_early = true);
 
 // What gather/run return: views of the Pooler's scratch.
 struct PoolerOutput {
@@ -136,6 +138,9 @@ struct PoolerOptions {
   size_t mailbox_guard_bytes = 0;   // the mailbox's (tests)
   // Every layer's GEMM on this engine instead of the table's (tune, tests).
   std::optional<PoolerGemmChoice> gemm;
+  // Where the fused consumer lets the next kernel launch, instead of
+  // pooler_consumer_launches_early's choice (bench, tests).
+  std::optional<bool> consumer_launches_early;
 };
 
 class Pooler {
@@ -186,6 +191,7 @@ class Pooler {
   Group* group_;
   int tp_, rank_, device_, capacity_, hidden_ = 0, pooled_ = 0;
   bool enable_pdl_;
+  std::optional<bool> consumer_launches_early_;  // Options' override, else the table's
   std::vector<PoolerLayer> layers_;
   std::vector<int> batches_;
   std::unique_ptr<LamportMailbox> mailbox_;

@@ -147,6 +147,11 @@ TEST(PoolerGemmShapes, TableCoversEveryModelShapeAndBatch) {
   // K no compiled shape divides: the MMA engine.
   EXPECT_EQ(sd::pooler_gemm_choice(64, 4096, 2, 3).engine, sd::PoolerGemmEngine::mma);
   EXPECT_NE(sd::format_pooler_gemm_table().find("tp 8"), std::string::npos);
+  // The fused consumer's trigger (measured at tp 1 only): late where the
+  // ring runs its 16-token tile, early everywhere else.
+  for (int tp : sd::kTensorParallelSizes)
+    for (int b = 1; b <= sd::kPoolerMaxBatch; ++b)
+      EXPECT_EQ(sd::pooler_consumer_launches_early(tp, b), !(tp == 1 && b >= 9)) << "tp " << tp << " b " << b;
 }
 
 TEST(PoolerGemmShapes, CandidatesNameEveryEngineAndShapeOnce) {

@@ -217,6 +217,20 @@ TEST(Pooler, SixtyTwoLayersPdlOffOneGpu) {
   run(1, 1, 512, 8, {1, 16}, std::nullopt, /*pdl=*/false);
 }
 
+// The ring engine, which the table takes at tp 1 for every b but only at the
+// model's shape: forced here at the small one, both splits, both token tiles
+// (8 and 16, x staged at 16), through run (its fused publish) and project +
+// publish + gather, graphs and eager.
+TEST(Pooler, SixtyTwoLayersRingEngineOneGpu) {
+  SKIP_WITHOUT_GPU(1);
+  for (int split : {1, 2}) {
+    sd::PoolerGemmChoice ring;
+    ring.engine = sd::PoolerGemmEngine::ring;
+    ring.ring_split = split;
+    run(1, 1, 512, 12, {1, 5, 9, 16}, ring);
+  }
+}
+
 TEST(Pooler, SixtyTwoLayersSmallShapeTwoGpus) {
   const std::string why = peer_gpus_unavailable_reason(2);
   if (!why.empty()) GTEST_SKIP() << why;

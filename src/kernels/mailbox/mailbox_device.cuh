@@ -36,7 +36,8 @@
 //   6. Consumers call griddepcontrol.launch_dependents before their wait, so
 //      the next grid (typically the next layer's GEMM) launches as soon as
 //      the consumer does and streams its weights into the slots the
-//      previous GEMM frees. That grid may then run while the grid before
+//      previous GEMM frees (the Pooler's fused consumer, where measured
+//      faster, only once its data has arrived: later is never less safe). That grid may then run while the grid before
 //      the consumer still does, so everything in 1-5 rests on each kernel
 //      touching the mailbox only after its own griddepcontrol.wait, which
 //      returns after the grid before it completed, and that one only after

@@ -28,6 +28,12 @@ struct NormQuantGatherArgs {
   int b;
   float eps, gain_center;
   mailbox_dev::SpinLimit spin;
+  // Where this grid lets the next one launch (griddepcontrol.launch_dependents):
+  // at its start (1), so the next layer's GEMM streams its weights under this
+  // kernel, or once this thread's data has arrived (0), so that stream does
+  // not queue ahead of the polls. Either is correct (mailbox_device.cuh,
+  // ordering 6); pooler_consumer_launches_early picks by measurement.
+  int launch_next_early;
 };
 
 // Grid (b), block tp * width / 16: thread t of CTA i owns columns
@@ -48,7 +54,7 @@ __global__ void norm_quant_gather_kernel(const NormQuantGatherArgs a) {
 
   // The next grid (the next layer's GEMM) may launch now and stream its
   // weights while this one waits (mailbox_device.cuh, ordering 6).
-  ptx::griddep_launch_dependents();
+  if (a.launch_next_early) ptx::griddep_launch_dependents();
   // ACTIVE comes from this call's publisher. The global scale is read after
   // the wait, as the stock quantize kernel reads it: a scale some earlier
   // kernel computes is then seen alike by both paths.
@@ -65,6 +71,7 @@ __global__ void norm_quant_gather_kernel(const NormQuantGatherArgs a) {
   const uint4 v1 = mailbox_dev::poll_vec(a.local + a.layout.offset(stage, source, row, col + 8), a.spin,
                                          stage, source, row);
   SPARK_TRACE_MARK(1, v1.w);  // this thread's data has arrived
+  if (!a.launch_next_early) ptx::griddep_launch_dependents();
   const int cleared = mailbox::clear_stage(stage), rows_prev = mailbox::word_rows(active);
   mailbox_dev::clear_rows(a.local, a.layout, cleared, source, col, row, gridDim.x, rows_prev);
   mailbox_dev::clear_rows(a.local, a.layout, cleared, source, col + 8, row, gridDim.x, rows_prev);

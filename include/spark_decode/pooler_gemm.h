@@ -18,7 +18,9 @@
 // shape (SPEC §5); the engines sum in different orders, so their results
 // differ in the last bits, and a row's result depends on which engine the
 // table picks for the batch size it runs at. The Pooler uses one engine per
-// b (see Pooler).
+// b (see Pooler). The model's table takes one engine for every b at tp 1
+// (the ring, split 1), so there a row's result does not depend on b; at tp
+// 2..8 b = 1 (skinny) and b >= 2 (mma) differ in the last bits.
 //
 // Requirements (checked; InvalidArgument, nothing launched):
 //   W    BF16 [N, K] contiguous, 16-byte aligned, device memory of compute

@@ -12,6 +12,11 @@ the three and the engines without a Pooler.run time (the skinny GEMM's other
 launch shapes in a full sweep) are listed after them, unranked; otherwise the
 (tp, b) ranks by the GEMM's two modes alone and says so.
 
+The same run times Pooler.run on the table's engines with the fused
+consumer's trigger forced each way (where it lets the next kernel launch:
+at its start, or once its data has arrived); they are listed last, the faster
+first, for pooler_consumer_launches_early's table.
+
   spark-decode bench pooler --engines table,mma,ring --run-engines mma,ring ...
   tools/rank_pooler.py bench/results/pooler_DATE.json [--tp 1]
 """
@@ -22,6 +27,7 @@ import sys
 from collections import defaultdict
 
 RUN_ENGINE = re.compile(r"^run \(PDL; engine (.+)\)$")
+TRIGGER = re.compile(r"^run \(PDL; the consumer launching the next kernel (at its start|once its data arrived)\)$")
 
 
 def load(path):
@@ -56,6 +62,18 @@ def load(path):
         if key in table_run and engine in times[key]:
             times[key][engine].setdefault("run", table_run[key])
     return times, table
+
+
+def load_triggers(path):
+    """{(tp, b): {"at its start": us, "once its data arrived": us}} of
+    Pooler.run with the consumer's trigger forced."""
+    out = defaultdict(dict)
+    with open(path) as f:
+        for r in json.load(f)["records"]:
+            found = TRIGGER.match(r.get("variant", "")) if r["op"] == "pooler" and r["impl"] == "spark" else None
+            if found:
+                out[(r["tp"], r["m"])][found.group(1)] = r["us"]
+    return out
 
 
 def rank(times):
@@ -101,6 +119,11 @@ def main(argv):
             print("  not ranked (no Pooler.run), GEMM off + chain:")
         for total, e, off, chain, _ in others:
             print(f"  {total:7.2f} = {off:6.2f} + {chain:6.2f}  {e}")
+    triggers = {k: v for k, v in sorted(load_triggers(args.json).items()) if not args.tp or k[0] == args.tp}
+    if triggers:
+        print("the fused consumer lets the next kernel launch (Pooler.run on the table's engines, us, faster first):")
+    for (tp, b), t in triggers.items():
+        print(f"tp {tp} b {b}: " + ", ".join(f"{name} {us:6.2f}" for name, us in sorted(t.items(), key=lambda x: x[1])))
     return 0
 
 

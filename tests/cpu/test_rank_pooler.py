@@ -2,7 +2,8 @@
 """tools/rank_pooler.py on hand-made `bench pooler` records: the three-figure
 sum per (tp, b) over the engines with a Pooler.run time (the others listed
 unranked), the two-figure fallback where fewer than two have one, engines
-missing a GEMM mode left out, the table's choice read back."""
+missing a GEMM mode left out, the table's choice read back, the consumer's
+trigger rows listed faster first."""
 import io
 import json
 import os
@@ -23,6 +24,16 @@ def gemm(variant, tp, b, mode, us):
 def run(engine, tp, b, us):
     return {"op": "pooler", "impl": "spark", "variant": f"run (PDL; engine {engine})", "mode": "graph", "tp": tp,
             "m": b, "n": 4096, "k": 8192, "us": us, "floor_us": 1.0}
+
+
+def trigger(when, tp, b, us):
+    return {"op": "pooler", "impl": "spark", "variant": f"run (PDL; the consumer launching the next kernel {when})",
+            "mode": "graph", "tp": tp, "m": b, "n": 4096, "k": 8192, "us": us, "floor_us": 1.0}
+
+
+def times_engines(entry):
+    _, rows, others = entry
+    return [r[1] for r in rows + others]
 
 
 def write(records):
@@ -73,6 +84,8 @@ class RankPooler(unittest.TestCase):
             # b 1 also has another skinny shape, fastest by the GEMM's two modes
             # (32.0) but without Pooler.run: listed, not ranked.
             gemm(SKINNY2, 1, 1, "graph", 16.5), gemm(SKINNY2, 1, 1, "pdl_chain", 15.5),
+            trigger("at its start", 1, 9, 21.6), trigger("once its data arrived", 1, 9, 20.5),
+            trigger("at its start", 1, 1, 19.1), trigger("once its data arrived", 1, 1, 19.7),
         ])
         with_run, rows, others = ranked[(1, 9)]
         self.assertTrue(with_run)
@@ -98,6 +111,10 @@ class RankPooler(unittest.TestCase):
         self.assertAlmostEqual(ranked[(1, 9)][1][1][2], 19.0)
         self.assertIn(f"tp 1 b 9: GEMM off + chain + Pooler.run, us  table has {RING}", text)
         self.assertIn("tp 1 b 12: GEMM off + chain (Pooler.run for fewer than two engines)", text)
+        # The trigger rows: not engines, listed last, the faster first.
+        self.assertNotIn("the consumer launching", " ".join(e for k in ranked for e in times_engines(ranked[k])))
+        self.assertIn("tp 1 b 9: once its data arrived  20.50, at its start  21.60", text)
+        self.assertIn("tp 1 b 1: at its start  19.10, once its data arrived  19.70", text)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,11 @@
 //           one kernel fewer) or by the publish kernel, as
 //           pooler_fused_publish(tp, b) measured faster: two kernels per
 //           call for an NVFP4 layer on the fused route, three otherwise;
-//           an edge layer adds ExpertNorm to its plain gather.
+//           an edge layer adds ExpertNorm to its plain gather. With
+//           programmatic dependent launch the fused consumer lets the next
+//           kernel launch at its start or, where measured faster
+//           (pooler_consumer_launches_early(tp, b)), once its data has
+//           arrived; Options::consumer_launches_early forces either.
 // One mailbox serves every layer; every rank runs its calls in the same
 // order with the same b (see mailbox.h). Outputs are views of scratch that
 // the next call overwrites.

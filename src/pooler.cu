@@ -121,8 +121,8 @@ Pooler::Pooler(Group& group, int tp, int rank, int device, std::vector<PoolerLay
   detail::DeviceGuard guard(device);
   const int shard = pooled_ / tp;
 
-  LamportMailbox::Options mo;
   consumer_launches_early_ = options.consumer_launches_early;
+  LamportMailbox::Options mo;
   mo.spin_timeout_s = options.spin_timeout_s;
   mo.guard_bytes = options.mailbox_guard_bytes;
   // Collective: returns once every rank's copy is initialised.

@@ -153,11 +153,13 @@ PoolerGemmChoice ring(int split) {
 // b = 9 18.37 / 16.11 / 21.37 us against 20.24 / 17.17 / 21.95, b = 16 18.56 /
 // 16.23 / 21.57 against 20.48 / 17.30 / 22.38 (cuBLAS 18.87-18.99 at b = 9..15,
 // 20.56 at 16); split 2 0.3-0.5 slower in each. At b <= 8 (8-token tile, x in
-// registers three stages ahead) it leads by the sum in both runs that timed
-// Pooler.run on every engine: b = 1 51.07 us against the skinny GEMM's 52.18
-// and the MMA engine's 52.10 (5eb740d; b924dc3: 52.51, 52.78, 52.84), b = 4
-// 52.06 against 53.44 (53.59 against 54.15), b = 8 54.11 against 54.75 (55.35
-// against 55.37). The skinny GEMM keeps the lowest PDL-off time at b = 1
+// registers three stages ahead) it leads by the sum in the three runs that
+// timed Pooler.run on every engine: b = 1 51.07 us against the skinny GEMM's
+// 52.18 and the MMA engine's 52.10 (5eb740d; b924dc3: 52.51, 52.78, 52.84;
+// 71c8bea: 51.05, 52.19, 52.17), b = 4 52.06 against 53.44 (53.59 against
+// 54.15; 52.13 against 53.60), b = 8 54.11 against 54.75 (55.35 against 55.37;
+// 54.05 against 54.77), b = 2, 3, 5..7 by 0.7-1.4 at 71c8bea; split 2 within
+// 0.1-0.4 of it at b = 6..8 either way. The skinny GEMM keeps the lowest PDL-off time at b = 1
 // (16.76 against 17.45 us), but is slower in a chain (15.93 against 14.90)
 // and in Pooler.run (19.49 against 18.72). One engine at every b also makes
 // tp 1's pooler GEMM batch invariant across b.
@@ -198,13 +200,15 @@ bool pooler_fused_publish(int tp, int b) {
   return b >= 2 && b <= 8;
 }
 
-// Measured on one H200 (tp 1, 2026-12-02, 71c8bea + a diagnostic build that
-// moved the trigger behind the poll, the ring at every b): Pooler.run at b =
-// 9 and 16 20.38 / 20.52 us with the late trigger against 21.38 / 21.59 early
-// (the ring's 16-token tile: x staged, two weight stages in flight per warp);
-// at b = 1, 4, 8 (its 8-token tile, three stages) 19.39 / 19.87 / 20.22
-// against 18.72 / 19.16 / 19.91. At tp 2..8 (the MMA engine from b = 2, two
-// GPUs) not measured: early, as before.
+// Measured on one H200 (tp 1, 2026-12-02, the ring at every b; bench pooler's
+// forced-trigger rows at 71b6a85, twice, pooler_2026-12-02_71b6a85{,_rep2}):
+// Pooler.run at b = 9, 12, 16 20.51-20.53 / 20.85-20.89 / 20.74 us with the
+// late trigger against 21.59-21.60 / 21.78-21.79 / 21.77 early (the ring's
+// 16-token tile, whose CTA takes 225 KiB of shared memory); at b = 1, 2, 4, 8
+// (its 8-token tile, 209 KiB) 19.69-19.79 / 19.86-19.95 / 20.06-20.11 / 20.47
+// late against 19.08-19.13 / 19.08-19.20 / 19.45-19.49 / 20.20-20.24 early. At
+// tp 2..8 (the MMA engine from b = 2; two GPUs for Pooler.run) not measured:
+// early, as before.
 bool pooler_consumer_launches_early(int tp, int b) { return !(tp == 1 && b >= 9); }
 
 std::string format_pooler_gemm_table() {

@@ -120,8 +120,8 @@ bool pooler_fused_publish(int tp, int b);
 // Where Pooler's fused gather + norm + NVFP4 consumer lets the next kernel
 // (the next layer's GEMM, with programmatic dependent launch) launch at
 // (tp, b): at its start (true), so that GEMM's weights stream under it, or
-// once its data has arrived (false), so they do not queue ahead of its
-// polls. The same bytes either way; the table holds the one measured faster.
+// once its data has arrived (false). The same bytes either way; the table
+// holds the one measured faster.
 bool pooler_consumer_launches_early(int tp, int b);
 std::string format_pooler_gemm_table();
 

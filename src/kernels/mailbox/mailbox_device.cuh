@@ -37,8 +37,8 @@
 //      the next grid (typically the next layer's GEMM) launches as soon as
 //      the consumer does and streams its weights into the slots the
 //      previous GEMM frees (the Pooler's fused consumer, where measured
-//      faster, only once its data has arrived: later is never less safe). That grid may then run while the grid before
-//      the consumer still does, so everything in 1-5 rests on each kernel
+//      faster, only once its data has arrived: later is never less safe).
+//      That grid may then run while the grid before the consumer still does, so everything in 1-5 rests on each kernel
 //      touching the mailbox only after its own griddepcontrol.wait, which
 //      returns after the grid before it completed, and that one only after
 //      its own wait: completion is ordered along the stream even when

@@ -30,9 +30,10 @@ struct NormQuantGatherArgs {
   mailbox_dev::SpinLimit spin;
   // Where this grid lets the next one launch (griddepcontrol.launch_dependents):
   // at its start (1), so the next layer's GEMM streams its weights under this
-  // kernel, or once this thread's data has arrived (0), so that stream does
-  // not queue ahead of the polls. Either is correct (mailbox_device.cuh,
-  // ordering 6); pooler_consumer_launches_early picks by measurement.
+  // kernel, or once this thread's data has arrived (0). Either is correct
+  // (mailbox_device.cuh, ordering 6); pooler_consumer_launches_early picks by
+  // measurement (the late point won 1 us per layer where the next GEMM's CTA
+  // fills an SM's shared memory; why is not established: bench/NOTES.md).
   int launch_next_early;
 };
 

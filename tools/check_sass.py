@@ -3,7 +3,9 @@
 before its griddepcontrol.wait: the GEMMs stream weights there (SPEC §2.1:
 "weights are loaded before griddepcontrol.wait") and read nothing else; no
 kernel touches mailbox memory or stage words there (no strong load, no store).
-And one order after it that a measured speed depends on (X_BEFORE_COPIES).
+And two orders that a measured speed depends on: x loads ahead of the weight
+copies (X_BEFORE_COPIES), and the fused consumer's two launch points
+(LAUNCH_POINTS).
 
 Why a machine-code check: the order in the source and the PTX is not the
 order that runs. ptxas moved every `ld.global.nc` weight load of the GEMMs
@@ -80,6 +82,28 @@ def x_after_copies(code, wait):
     return group if any(is_x(g) for g in group) else None
 
 
+# Kernels with two griddepcontrol.launch_dependents (SASS PREEXIT), chosen
+# at run time: one before griddepcontrol.wait (the next grid launches at this
+# one's start) and one after its first polling load, a strong 16-byte load
+# (not the 4-byte stage word before it): once the data has arrived. Measured
+# 1 us apart per Pooler layer (bench/NOTES.md); PREEXIT has no memory effect,
+# so ptxas may move it, and this says if it did (a copy of the kernel without
+# the first point fails here: checked by hand, 2026-12-02).
+LAUNCH_POINTS = ("24norm_quant_gather_kernel",)
+
+
+def launch_points_missing(code, wait):
+    """Which of the two launch points is missing: "before the wait", "after
+    the polls" (after the first strong 16-byte load past the wait), or None
+    where both are there."""
+    if not any(re.search(r"\bPREEXIT\b", ins) for ins in code[:wait]):
+        return "before the wait"
+    poll = next((i for i in range(wait + 1, len(code)) if re.search(r"\bLDG\.\S*128\S*STRONG", code[i])), None)
+    if poll is None or not any(re.search(r"\bPREEXIT\b", ins) for ins in code[poll + 1:]):
+        return "after the polls"
+    return None
+
+
 def find_tool(name):
     for d in (os.environ.get("CUDA_TOOLS_BIN", ""), "/usr/local/cuda/bin",
               os.path.join(ROOT, ".deps/cuda-tools/nvidia/cu13/bin")):
@@ -148,6 +172,10 @@ def main(objects):
                 if (any(frag in fn for frag in X_BEFORE_COPIES) and "sm_90" in cubin
                         and x_after_copies(code, waits[0]) is not None):
                     failures.append(f"{cubin} {fn}: x loads scheduled behind the weight copies of a cp.async group")
+                if any(frag in fn for frag in LAUNCH_POINTS):
+                    missing = launch_points_missing(code, waits[0])
+                    if missing:
+                        failures.append(f"{cubin} {fn}: no launch_dependents (PREEXIT) {missing}")
     if checked == 0:
         print("FAILED: none of the checked kernels was found in " + " ".join(objects))
         return 1

@@ -3,7 +3,8 @@
 ahead of a group's weight copies pass; x loads behind or between them, a copy
 group with none, or x loads left after the last group fail; strong loads
 (mailbox state) and weight streams (.NA) are not x loads; groups without
-copies are not judged."""
+copies are not judged. The fused consumer's two launch points: one before
+the wait and one after its first polling load, or it fails."""
 import os
 import sys
 import unittest
@@ -57,6 +58,26 @@ class XBeforeCopies(unittest.TestCase):
     def test_groups_without_copies_and_code_before_the_wait_are_not_judged(self):
         # The prologue's groups are copies alone (weights before the wait).
         self.assertIsNone(self.check([X, COMMIT, MMA, COMMIT]))
+
+
+class LaunchPoints(unittest.TestCase):
+    POLL = "LDG.E.128.STRONG.SYS R16, desc[UR36][R34.64]"
+    EARLY, LATE = "@P0 PREEXIT", "@!P0 PREEXIT"
+
+    def missing(self, code):
+        return check_sass.launch_points_missing(code, code.index(WAIT))
+
+    def test_both_points_pass(self):
+        self.assertIsNone(self.missing([X, self.EARLY, WAIT, self.POLL, MMA, self.LATE, "STG.E.128 [R1], R4"]))
+
+    def test_one_moved_or_missing_fails(self):
+        self.assertEqual(self.missing([X, WAIT, self.EARLY, self.POLL, self.LATE]), "before the wait")
+        self.assertEqual(self.missing([X, self.EARLY, WAIT, self.LATE, self.POLL]), "after the polls")
+        self.assertEqual(self.missing([X, self.EARLY, WAIT, self.POLL]), "after the polls")
+        self.assertEqual(self.missing([X, self.EARLY, WAIT, MMA, self.LATE]), "after the polls")
+        # The stage word's 4-byte strong load is not a poll.
+        self.assertEqual(self.missing([X, self.EARLY, WAIT, "LDG.E.STRONG.SYS R40, desc[UR36][R4.64+0x4]",
+                                       self.LATE, self.POLL]), "after the polls")
 
 
 if __name__ == "__main__":

@@ -26,9 +26,10 @@
 namespace spark_decode::bench {
 namespace {
 
-// Pooler.run with the table's engines and the fused consumer's trigger forced.
-const std::string kEarly = "the consumer launching the next kernel at its start";
-const std::string kLate = "the consumer launching the next kernel once its data arrived";
+// Pooler.run with the table's engines and the fused consumer's trigger forced
+// (records "run (PDL; <this>)", which tools/rank_pooler.py reads).
+const char* const kEarly = "the consumer launching the next kernel at its start";
+const char* const kLate = "the consumer launching the next kernel once its data arrived";
 
 // Whether an engine's name starts with one of the prefixes (none: all).
 bool selected(const std::vector<std::string>& prefixes, const std::string& name) {
@@ -102,7 +103,7 @@ void pooler_vs_stock(const PoolerBenchOptions& o, int tp, Report& report) {
   if (tp > 1) NCCL_CHECK(ncclGetUniqueId(&id));
   std::mutex mu;
   std::map<int, std::tuple<double, double, double>> results;  // b -> (run, stock, project+publish+gather)
-  // (b, record variant) -> Pooler.run with a forced engine or consumer trigger
+  // (b, what was forced: "engine <name>" or a trigger) -> Pooler.run
   std::map<std::pair<int, std::string>, double> forced_results;
   run_ranks(tp, [&](Group& group, int rank) {
         cudaStream_t stream;
@@ -126,14 +127,14 @@ void pooler_vs_stock(const PoolerBenchOptions& o, int tp, Report& report) {
         // (--run-engines): what the table's choice gives the whole boundary,
         // not just the GEMM. Validation is the same on every rank, so a rank
         // skips an engine exactly when all do.
-        std::vector<std::pair<std::string, std::unique_ptr<Pooler>>> forced;
+        std::vector<std::pair<std::string, std::unique_ptr<Pooler>>> forced;  // (what was forced, Pooler)
         for (const auto& c : pooler_gemm_candidates()) {
           if (o.run_engines.empty() || !selected(o.run_engines, c.to_string())) continue;
           PoolerOptions po;
           po.gemm = c;
           try {
-            forced.emplace_back(c.to_string(), std::make_unique<Pooler>(group, tp, rank, rank, layers, o.bs,
-                                                                        kMuseSpark.max_batch, true, po));
+            forced.emplace_back("engine " + c.to_string(), std::make_unique<Pooler>(group, tp, rank, rank, layers,
+                                                                                    o.bs, kMuseSpark.max_batch, true, po));
           } catch (const InvalidArgument& e) {
             if (rank == 0) std::printf("pooler tp %d: Pooler.run on %s cannot run: %s\n", tp, c.to_string().c_str(), e.what());
             continue;
@@ -243,10 +244,8 @@ void pooler_vs_stock(const PoolerBenchOptions& o, int tp, Report& report) {
   }
   for (const auto& [key, us] : forced_results) {
     const auto& [b, name] = key;
-    const bool trigger = name == kEarly || name == kLate;
-    report.records.push_back(
-        {"pooler", "spark", trigger ? "run (PDL; " + name + ")" : "run (PDL; engine " + name + ")", "graph", tp, b, P, H, us, floor});
-    std::printf("pooler tp %d b=%2d: Pooler.run %s %-40s %6.2f us\n", tp, b, trigger ? "with" : "on", name.c_str(), us);
+    report.records.push_back({"pooler", "spark", "run (PDL; " + name + ")", "graph", tp, b, P, H, us, floor});
+    std::printf("pooler tp %d b=%2d: Pooler.run, %-47s %6.2f us\n", tp, b, name.c_str(), us);
   }
 }
 

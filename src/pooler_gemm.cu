@@ -70,7 +70,7 @@ static_assert(kernels::ring::smem_bytes(8, 2, 1) <= 227 * 1024 && kernels::ring:
 // (RT = 2), split 2 64-row tiles (RT = 4) over a cluster of two CTAs.
 using RingFn = void (*)(kernels::PoolerGemmArgs);
 int ring_tile(int m) { return m <= 8 ? 8 : 16; }
-int ring_rt(int split) { return split == 1 ? 2 : 4; }
+int ring_rt(int split) { return pooler_ring_rows(split) / 16; }  // 16-row MMA tiles per ring tile
 RingFn ring_kernel(int m, int split) {
   const bool t8 = ring_tile(m) == 8;
   if (split == 1) return t8 ? kernels::ring_gemm_kernel<8, 2, 1> : kernels::ring_gemm_kernel<16, 2, 1>;

@@ -43,10 +43,10 @@ std::string bench_gather(const GatherBenchOptions& o) {
         ncclComm_t comm;
         NCCL_CHECK(ncclCommInitRank(&comm, o.tp, id, rank));
         for (int width : widths) {
-          LamportMailbox mailbox(group, o.tp, rank, kMuseSpark.max_batch, width, rank);
-          DeviceMemory src(size_t{2} * kMuseSpark.max_batch * width);
-          DeviceMemory out(size_t{2} * kMuseSpark.max_batch * width * o.tp);
-          fill_random_bf16(src.get(), size_t{kMuseSpark.max_batch} * width, 11 + rank);
+          LamportMailbox mailbox(group, o.tp, rank, kMaxBatch, width, rank);
+          DeviceMemory src(size_t{2} * kMaxBatch * width);
+          DeviceMemory out(size_t{2} * kMaxBatch * width * o.tp);
+          fill_random_bf16(src.get(), size_t{kMaxBatch} * width, 11 + rank);
           mailbox.warm_up(stream);
           for (int b : o.bs) {
             cudaGraphExec_t ours = capture_graph(stream, o.calls, [&] {
@@ -91,7 +91,7 @@ std::string bench_gather(const GatherBenchOptions& o) {
                 "gathered row width tp * width; %d calls per graph, PDL on for ours",
                 peer_us, o.calls);
   report.notes.push_back(note);
-  return report.write(o.out_dir, "gather_tp" + std::to_string(o.tp) + "_" + report.date);
+  return report.write(o.out_dir, "gather_tp" + std::to_string(o.tp));
 }
 
 }  // namespace spark_decode::bench

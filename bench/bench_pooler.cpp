@@ -42,8 +42,8 @@ bool selected(const std::vector<std::string>& prefixes, const std::string& name)
 // The GEMM sweep on the current GPU: records op pooler_gemm.
 void gemm_sweep(const PoolerBenchOptions& o, Report& report, cudaStream_t stream) {
   const int k = kMuseSpark.hidden;
-  DeviceMemory x(size_t{2} * kPoolerMaxBatch * k), out(size_t{2} * kPoolerMaxBatch * kMuseSpark.pooled);
-  fill_random_bf16(x.get(), size_t{kPoolerMaxBatch} * k, 7);
+  DeviceMemory x(size_t{2} * kMaxBatch * k), out(size_t{2} * kMaxBatch * kMuseSpark.pooled);
+  fill_random_bf16(x.get(), size_t{kMaxBatch} * k, 7);
   int dev = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
   for (int tp : o.gemm_tps) {
@@ -121,7 +121,7 @@ void pooler_vs_stock(const PoolerBenchOptions& o, int tp, Report& report) {
           layers[l].norm_weight = TensorRef::contiguous(nw.get(), DType::bf16, {P}, rank);
           if (l != 0 && l != L - 1) layers[l].global_scale = TensorRef::contiguous(gs.as<float>() + l, DType::f32, {1}, rank);
         }
-        Pooler pooler(group, tp, rank, rank, layers, o.bs, kMuseSpark.max_batch, true);
+        Pooler pooler(group, tp, rank, rank, layers, o.bs, kMaxBatch, true);
         pooler.warm_up(stream);
         // The same Pooler with every layer's GEMM forced onto one engine
         // (--run-engines): what the table's choice gives the whole boundary,
@@ -134,29 +134,29 @@ void pooler_vs_stock(const PoolerBenchOptions& o, int tp, Report& report) {
           po.gemm = c;
           try {
             forced.emplace_back("engine " + c.to_string(), std::make_unique<Pooler>(group, tp, rank, rank, layers,
-                                                                                    o.bs, kMuseSpark.max_batch, true, po));
+                                                                                    o.bs, kMaxBatch, true, po));
           } catch (const InvalidArgument& e) {
             if (rank == 0) std::printf("pooler tp %d: Pooler.run on %s cannot run: %s\n", tp, c.to_string().c_str(), e.what());
             continue;
           }
           forced.back().second->warm_up(stream);
         }
-        // The table's engines with the fused consumer's trigger forced each way
-        // (pooler_consumer_launches_early): where the next GEMM may launch.
+        // The table's engines with the fused consumer's launch point forced
+        // each way (the plan's consumer launch): where the next GEMM may launch.
         for (bool early : {true, false}) {
           PoolerOptions po;
           po.consumer_launches_early = early;
           forced.emplace_back(early ? kEarly : kLate, std::make_unique<Pooler>(group, tp, rank, rank, layers, o.bs,
-                                                                            kMuseSpark.max_batch, true, po));
+                                                                            kMaxBatch, true, po));
           forced.back().second->warm_up(stream);
         }
-        DeviceMemory x(size_t{2} * kPoolerMaxBatch * H);
-        fill_random_bf16(x.get(), size_t{kPoolerMaxBatch} * H, 0x3000);
+        DeviceMemory x(size_t{2} * kMaxBatch * H);
+        fill_random_bf16(x.get(), size_t{kMaxBatch} * H, 0x3000);
         // Stock: cuBLAS, ncclAllGather, a [tp][b][shard] -> [b][P] copy, norm, quantize.
         ExpertNorm norm(layers[1].norm_weight, 1e-5f, 1.0f, /*enable_pdl=*/false);
-        DeviceMemory part(size_t{2} * kPoolerMaxBatch * shard), gathered(size_t{2} * kPoolerMaxBatch * P),
-            rows(size_t{2} * kPoolerMaxBatch * P), normed(size_t{2} * kPoolerMaxBatch * P),
-            a(size_t(kPoolerMaxBatch) * P / 2), sf(size_t(kPoolerMaxBatch) * P / 16);
+        DeviceMemory part(size_t{2} * kMaxBatch * shard), gathered(size_t{2} * kMaxBatch * P),
+            rows(size_t{2} * kMaxBatch * P), normed(size_t{2} * kMaxBatch * P),
+            a(size_t(kMaxBatch) * P / 2), sf(size_t(kMaxBatch) * P / 16);
         ncclComm_t comm = nullptr;
         if (tp > 1) NCCL_CHECK(ncclCommInitRank(&comm, tp, id, rank));
         for (int b : o.bs) {
@@ -282,13 +282,13 @@ std::string bench_pooler(const PoolerBenchOptions& o) {
       "table's choice); graph = PDL off, pdl_chain = PDL on; cublas = the fastest cuBLASLt candidate.");
   report.notes.push_back(
       "pooler: one graph of the 60 NVFP4 layers in order (distinct weights), per-call time; spark run = Pooler.run "
-      "(the GEMM publishing from its epilogue or followed by the publish kernel, as pooler_fused_publish's table "
+      "(the GEMM publishing from its epilogue or followed by the publish kernel, as the plan table "
       "says, then the fused gather/norm/NVFP4; PDL on); spark "
       "project+publish+gather = the same work as three kernels; stock = cuBLAS + ncclAllGather + [tp][b][P/tp] -> "
       "[b][P] copies + ExpertNorm + nvfp4_quantize (PDL off; no NCCL at tp 1). n = P, k = H; floor = this rank's "
       "weight bytes over the measured HBM read bandwidth.");
-  report.notes.push_back(format_pooler_gemm_table());
-  return report.write(o.out_dir, std::string(o.gemm_only ? "pooler_tune_" : "pooler_") + report.date);
+  report.notes.push_back(format_plan_table());
+  return report.write(o.out_dir, o.gemm_only ? "pooler_tune" : "pooler");
 }
 
 }  // namespace spark_decode::bench

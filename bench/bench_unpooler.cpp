@@ -48,9 +48,9 @@ struct ColdWeights {
 // both the unpooler's shapes and the pooler's (tune --pooler-shapes).
 struct Activations {
   static constexpr int kWidth = std::max(kMuseSpark.hidden, kMuseSpark.pooled);
-  DeviceMemory x{size_t{2} * kUnpoolerMaxM * kWidth};
-  DeviceMemory out{size_t{2} * kUnpoolerMaxM * kWidth};
-  Activations() { fill_random_bf16(x.get(), size_t{kUnpoolerMaxM} * kWidth, 7); }
+  DeviceMemory x{size_t{2} * kMaxBatch * kWidth};
+  DeviceMemory out{size_t{2} * kMaxBatch * kWidth};
+  Activations() { fill_random_bf16(x.get(), size_t{kMaxBatch} * kWidth, 7); }
 };
 // The GEMM shape [n, k] at tp: the unpooler's (N = H / tp, K = P), or the
 // pooler GEMM's (N = P / tp, K = H) that the Pooler's MMA engine serves.
@@ -67,54 +67,6 @@ bool wanted(const std::vector<int>& filter, int v) {
 }
 
 }  // namespace
-
-// --ring: the pooler GEMM's ring engine (src/kernels/pooler/ring_gemm.cuh,
-// weights through shared memory, which SPEC §2.1 excludes for the
-// unpooler) against the Unpooler at [n, k], both PDL off, with the ring's
-// largest difference from the Unpooler's output relative to the largest
-// output (a different summation order: BF16 rounding, not bits). One line
-// per m, for the report's notes: what staging would buy the unpooler.
-std::vector<std::string> ring_diagnostic(int n, int k, const std::vector<int>& ms, int repeats,
-                                         cudaStream_t stream, const DeviceMemory& x, const DeviceMemory& out) {
-  ColdWeights weights(n, k);
-  Unpooler::Options plain;
-  plain.enable_pdl = false;
-  auto ours = weights.unpoolers(plain);
-  PoolerGemm::Options ro;
-  ro.enable_pdl = false;
-  ro.batches = ms;
-  ro.force = PoolerGemmChoice{PoolerGemmEngine::ring, {}};
-  std::vector<PoolerGemm> ring;
-  ring.reserve(weights.copies);
-  for (int i = 0; i < weights.copies; ++i) ring.emplace_back(weights.ref(i), 1, ro);
-  DeviceMemory out2(size_t{2} * kUnpoolerMaxM * n);
-  std::vector<std::string> lines;
-  for (int m : ms) {
-    const double g = time_graph([&](cudaStream_t s, int c) { ours[c].run(x.get(), out.get(), m, s); },
-                                weights.copies, repeats, stream);
-    const double r = time_graph([&](cudaStream_t s, int c) { ring[c].run(x.get(), out2.get(), m, s); },
-                                weights.copies, repeats, stream);
-    ours[0].run(x.get(), out.get(), m, stream);
-    CUDA_CHECK(cudaMemsetAsync(out2.get(), 0xff, size_t{2} * m * n, stream));
-    ring[0].run(x.get(), out2.get(), m, stream);
-    std::vector<uint16_t> a(size_t(m) * n), b(size_t(m) * n);
-    CUDA_CHECK(cudaMemcpyAsync(a.data(), out.get(), a.size() * 2, cudaMemcpyDeviceToHost, stream));
-    CUDA_CHECK(cudaMemcpyAsync(b.data(), out2.get(), b.size() * 2, cudaMemcpyDeviceToHost, stream));
-    CUDA_CHECK(cudaStreamSynchronize(stream));
-    double big = 0, diff = 0;
-    for (size_t i = 0; i < a.size(); ++i) {
-      const double u = bf16_to_float(a[i]), v = bf16_to_float(b[i]);
-      big = std::max(big, std::abs(u));
-      diff = std::max(diff, std::isfinite(v) ? std::abs(u - v) : 1e30);  // unwritten (0xffff: NaN) fails
-    }
-    char buf[192];
-    std::snprintf(buf, sizeof buf, "ring engine at N=%d K=%d m=%d (PDL off): %.2f us, Unpooler %.2f us (max diff %.1e)",
-                  n, k, m, r, g, diff / big);
-    std::printf("  %s\n", buf);
-    lines.push_back(buf);
-  }
-  return lines;
-}
 
 std::string bench_unpooler(const UnpoolerBenchOptions& o) {
   Report report = new_report();
@@ -152,8 +104,8 @@ std::string bench_unpooler(const UnpoolerBenchOptions& o) {
                   tp, empty_us, 2.0 * n * k / 1e6, read_us);
     report.notes.push_back(diag);
     if (tp <= 2) {
-      // What the copy engine streams into shared memory (the design SPEC
-      // §2.1 excludes for the unpooler, open to the pooler's engines).
+      // What the copy engine streams into shared memory: the bound of an
+      // engine that stages a shard through shared memory.
       prepare_bulk_read();
       std::string line = "tp " + std::to_string(tp) + " diagnostics: cp.async.bulk read (copy bytes x CTAs/SM):";
       for (int copy : {4096, 16384, 32768})
@@ -198,18 +150,12 @@ std::string bench_unpooler(const UnpoolerBenchOptions& o) {
                   m, g, c, blas_us, blas.algo_description().c_str(), blas_us / g, 100 * floor / g);
     }
   }
-  if (o.ring)
-    for (int tp : o.tps) {
-      const GemmShape shape = gemm_shape(tp);
-      for (const std::string& line : ring_diagnostic(shape.n, shape.k, o.ms, o.repeats, stream, x, out))
-        report.notes.push_back(line);
-    }
   CUDA_CHECK(cudaStreamDestroy(stream));
   report.notes.push_back("graph: CUDA graph of one call per cold weight copy, PDL off; pdl_chain: the same with "
                          "programmatic dependent launch on; cublas: the fastest cuBLASLt heuristic candidate, "
                          "timed the same way.");
-  report.notes.push_back(format_unpooler_tactic_table());
-  return report.write(o.out_dir, "unpooler_" + report.date);
+  report.notes.push_back(format_plan_table());
+  return report.write(o.out_dir, "unpooler");
 }
 
 std::string tune_unpooler(const UnpoolerBenchOptions& o) {
@@ -228,11 +174,11 @@ std::string tune_unpooler(const UnpoolerBenchOptions& o) {
     // Times tactic t with each compiled R > 1 row tiles per CTA at every m,
     // where it compiles: every R gives the same bits, so the table may pick
     // any per m; a tactic ranks by its mean over m of the best R.
-    auto time_tactic = [&](const UnpoolerTactic& t) {
-      std::vector<UnpoolerTactic> variants = {t};
-      for (int rows : kUnpoolerRowTiles) {
+    auto time_tactic = [&](const SplitKTactic& t) {
+      std::vector<SplitKTactic> variants = {t};
+      for (int rows : kSplitKRowTiles) {
         if (rows == 1) continue;
-        UnpoolerTactic tr = t;
+        SplitKTactic tr = t;
         tr.row_tiles.fill(rows);
         if (!launch_unsupported(n, k, tr)) variants.push_back(tr);
       }
@@ -240,7 +186,7 @@ std::string tune_unpooler(const UnpoolerBenchOptions& o) {
       std::fflush(stdout);
       std::vector<double> best(o.ms.size(), 1e30);
       std::vector<int> best_rows(o.ms.size(), 1);
-      for (const UnpoolerTactic& variant : variants) {
+      for (const SplitKTactic& variant : variants) {
         Unpooler::Options opt;
         opt.enable_pdl = o.pdl;
         opt.tactic = variant;
@@ -270,12 +216,12 @@ std::string tune_unpooler(const UnpoolerBenchOptions& o) {
       ranking.emplace(sum / o.ms.size(), t.to_string() + line);
     };
     for (int s : {1, 2, 4, 8})
-      for (int kw : kUnpoolerKws)
+      for (int kw : kSplitKKws)
         for (int accs : {1, 2, 4}) {
           if (launch_unsupported(n, k, s, kw, accs) || !wanted(o.splits, s) || !wanted(o.kws, kw) ||
               !wanted(o.accs, accs))
             continue;
-          UnpoolerTactic t;
+          SplitKTactic t;
           t.splits = s;
           t.kw = kw;
           t.accs = accs;
@@ -303,8 +249,8 @@ std::string tune_unpooler(const UnpoolerBenchOptions& o) {
     }
   }
   CUDA_CHECK(cudaStreamDestroy(stream));
-  return report.write(o.out_dir, std::string(o.pooler_shapes ? "unpooler_tune_pooler_shapes_" : "unpooler_tune_") +
-                                     (o.pdl ? "pdl_" : "") + report.date);
+  return report.write(o.out_dir, std::string(o.pooler_shapes ? "unpooler_tune_pooler_shapes" : "unpooler_tune") +
+                                     (o.pdl ? "_pdl" : ""));
 }
 
 void profile_unpooler(const UnpoolerBenchOptions& o) {
@@ -317,7 +263,7 @@ void profile_unpooler(const UnpoolerBenchOptions& o) {
     Unpooler::Options opt;
     opt.enable_pdl = false;
     if (!o.splits.empty() && !o.kws.empty()) {
-      UnpoolerTactic t = unpooler_tactic(n, k);
+      SplitKTactic t = unpooler_tactic(n, k);
       t.splits = o.splits[0];
       t.kw = o.kws[0];
       if (!o.accs.empty()) t.accs = o.accs[0];

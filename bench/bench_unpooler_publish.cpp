@@ -38,14 +38,14 @@ std::string bench_unpooler_publish(const UnpoolerBenchOptions& o, int tp) {
         ncclComm_t comm;
         NCCL_CHECK(ncclCommInitRank(&comm, tp, id, rank));
         const int copies = cold_copies(size_t{2} * n * k);
-        DeviceMemory w(size_t{2} * n * k * copies), x(size_t{2} * kUnpoolerMaxM * k),
-            out(size_t{2} * kUnpoolerMaxM * n), rows(size_t{2} * kUnpoolerMaxM * n * tp);
+        DeviceMemory w(size_t{2} * n * k * copies), x(size_t{2} * kMaxBatch * k),
+            out(size_t{2} * kMaxBatch * n), rows(size_t{2} * kMaxBatch * n * tp);
         fill_random_bf16(w.get(), static_cast<size_t>(n) * k * copies, 0x77 + rank);
-        fill_random_bf16(x.get(), size_t{kUnpoolerMaxM} * k, 0x99);
+        fill_random_bf16(x.get(), size_t{kMaxBatch} * k, 0x99);
         CUDA_CHECK(cudaDeviceSynchronize());
         // One mailbox for the exchanges, one that only the zero-copy GEMM
         // alone writes (it is never consumed).
-        LamportMailbox mb(group, tp, rank, kUnpoolerMaxM, n, rank), lone(group, tp, rank, kUnpoolerMaxM, n, rank);
+        LamportMailbox mb(group, tp, rank, kMaxBatch, n, rank), lone(group, tp, rank, kMaxBatch, n, rank);
         mb.warm_up(stream);
         std::vector<Unpooler> zc, zc_lone, plain;
         std::vector<const void*> weights;
@@ -122,8 +122,8 @@ std::string bench_unpooler_publish(const UnpoolerBenchOptions& o, int tp) {
                          "Unpooler + LamportMailbox::publish + gather; gemm / zerocopy_gemm: the GEMMs alone (their "
                          "difference is what the zero-copy epilogue adds); stock: cuBLASLt (fastest candidate) + "
                          "ncclAllGather. CUDA graphs over cold weight copies, PDL on for ours, ranks replayed together.");
-  report.notes.push_back(format_unpooler_tactic_table());
-  return report.write(o.out_dir, "unpooler_publish_tp" + std::to_string(tp) + "_" + report.date);
+  report.notes.push_back(format_plan_table());
+  return report.write(o.out_dir, "unpooler_publish_tp" + std::to_string(tp));
 }
 
 }  // namespace spark_decode::bench

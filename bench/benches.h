@@ -24,9 +24,6 @@ struct UnpoolerBenchOptions {
   // tp at the first m (spark_decode/trace.h; a -DSPARK_DECODE_TRACE=ON
   // build) into <trace>_unpooler_tp<tp>_m<m>.csv.
   std::string trace;
-  // bench: also time the pooler GEMM's ring engine at each tp's unpooler
-  // shape (a diagnostic: SPEC §2.1 excludes staging for the unpooler).
-  bool ring = false;
 };
 
 // Ours (graph and pdl_chain) against the fastest cuBLASLt algorithm, per tp

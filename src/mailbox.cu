@@ -4,9 +4,11 @@
 
 #include "cuda_utils.h"
 #include "kernels/common/launch.cuh"
-#include "kernels/mailbox/mailbox_kernels.cuh"
+#include "kernels/mailbox/kernels.cuh"
+#include "launchers.h"
 #include "spark_decode/error.h"
 #include "spark_decode/mailbox.h"
+#include "validate.h"
 
 namespace spark_decode {
 namespace {
@@ -55,34 +57,39 @@ LamportMailbox::LamportMailbox(Group& group, int tp, int rank, int capacity, int
                 s.guard_bytes, " where rank ", rank, " builds ", capacity, ", ", width, ", ",
                 options.guard_bytes, "; every rank must build the same mailbox");
   }
-  spin_timeout_ns_ = static_cast<uint64_t>(options.spin_timeout_s * 1e9);
+  view_.spin_timeout_ns = static_cast<uint64_t>(options.spin_timeout_s * 1e9);
+  view_.tp = tp;
+  view_.rank = rank;
+  view_.capacity = capacity;
+  view_.width = width;
   detail::DeviceGuard guard(device);
 
   const mailbox::Layout layout{tp, capacity, width};
   const size_t data_bytes = size_t(layout.copy_elems()) * 2;
-  data_offset_ = round_up(options.guard_bytes, kAlign);
-  state_offset_ = data_offset_ + round_up(data_bytes, kAlign);
-  const size_t total = state_offset_ + kAlign + options.guard_bytes;
+  const size_t data_offset = round_up(options.guard_bytes, kAlign);
+  const size_t state_offset = data_offset + round_up(data_bytes, kAlign);
+  const size_t total = state_offset + kAlign + options.guard_bytes;
 
   memory_ = std::make_unique<SymmetricMemory>(group, device, total);  // collective; agrees on failure
   auto initialise = [&] {
     char* base = static_cast<char*>(memory_->local());
     CUDA_CHECK(cudaMemset(base, kMailboxGuardByte, total));
     const std::vector<uint16_t> sentinel(layout.copy_elems(), mailbox::kSentinel);
-    CUDA_CHECK(cudaMemcpy(base + data_offset_, sentinel.data(), data_bytes, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemset(base + state_offset_, 0, mailbox::kStateWords * sizeof(int32_t)));
-    state_ = reinterpret_cast<int32_t*>(base + state_offset_);
-    for (int q = 0; q < tp; ++q) copies_.push_back(static_cast<char*>(memory_->peer(q)) + data_offset_);
+    CUDA_CHECK(cudaMemcpy(base + data_offset, sentinel.data(), data_bytes, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemset(base + state_offset, 0, mailbox::kStateWords * sizeof(int32_t)));
+    view_.state = reinterpret_cast<int32_t*>(base + state_offset);
+    for (int q = 0; q < tp; ++q)
+      view_.copies[q] = reinterpret_cast<uint16_t*>(static_cast<char*>(memory_->peer(q)) + data_offset);
+    view_.local = view_.copies[rank];
 
     CUDA_CHECK(cudaHostAlloc(&record_host_, sizeof(uint32_t), cudaHostAllocMapped | cudaHostAllocPortable));
     *record_host_ = 0;
-    CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&record_device_), record_host_, 0));
+    CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&view_.timeout_record), record_host_, 0));
 
     // Load the kernels now (lazy module loading would do it at the first
     // launch, possibly under capture or after a peer started spinning).
     cudaFuncAttributes attrs;
-    CUDA_CHECK(cudaFuncGetAttributes(&attrs, kernels::mailbox_publish_kernel<false>));
-    CUDA_CHECK(cudaFuncGetAttributes(&attrs, kernels::mailbox_publish_kernel<true>));
+    CUDA_CHECK(cudaFuncGetAttributes(&attrs, kernels::mailbox_publish_kernel));
     CUDA_CHECK(cudaFuncGetAttributes(&attrs, kernels::mailbox_gather_kernel));
     CUDA_CHECK(cudaDeviceSynchronize());
   };
@@ -106,35 +113,39 @@ LamportMailbox::~LamportMailbox() {
   // memory_ frees the copies.
 }
 
-size_t LamportMailbox::copy_bytes() const {
-  return size_t(mailbox::Layout{tp_, capacity_, width_}.copy_elems()) * 2;
+namespace detail {
+
+void launch_mailbox_publish(const MailboxView& mb, const void* src, int b, int threads, bool enable_pdl,
+                            cudaStream_t stream) {
+  kernels::MailboxPublishArgs args{static_cast<const __nv_bfloat16*>(src), mb, b};
+  const int vecs = b * (mb.width / mailbox::kVecElems);
+  kernels::LaunchShape shape;
+  shape.grid = dim3((vecs + threads - 1) / threads);
+  shape.block = dim3(threads);
+  shape.enable_pdl = enable_pdl;
+  kernels::launch(kernels::mailbox_publish_kernel, shape, stream, args);
 }
 
-void LamportMailbox::publish(const void* src, int b, cudaStream_t stream,
-                             const PublishOptions& options) {
+void launch_mailbox_gather(const MailboxView& mb, void* out, int b, int threads, bool enable_pdl,
+                           cudaStream_t stream) {
+  kernels::MailboxGatherArgs args{static_cast<__nv_bfloat16*>(out), mb, b};
+  const int fragments = mb.tp * (mb.width / mailbox::kVecElems);
+  kernels::LaunchShape shape;
+  shape.grid = dim3(b, (fragments + threads - 1) / threads);
+  shape.block = dim3(threads);
+  shape.enable_pdl = enable_pdl;
+  kernels::launch(kernels::mailbox_gather_kernel, shape, stream, args);
+}
+
+}  // namespace detail
+
+void LamportMailbox::publish(const void* src, int b, cudaStream_t stream, const PublishOptions& options) {
   SPARK_CHECK(b >= 1 && b <= capacity_, "mailbox publish: b = ", b, " outside [1, ", capacity_,
               "] (the mailbox capacity)");
-  SPARK_CHECK(src != nullptr && reinterpret_cast<uintptr_t>(src) % 16 == 0,
-              "mailbox publish: src must be a non-null 16-byte aligned device pointer");
+  detail::require_aligned(src, 16, "mailbox publish: src must be a non-null 16-byte aligned device pointer");
   check_threads(options.threads, "mailbox publish");
   detail::require_current_device(device_, "the mailbox");
-
-  kernels::MailboxPublishArgs args{};
-  args.src = static_cast<const __nv_bfloat16*>(src);
-  for (int q = 0; q < tp_; ++q) args.copies[q] = static_cast<uint16_t*>(copies_[q]);
-  args.state = state_;
-  args.layout = mailbox::Layout{tp_, capacity_, width_};
-  args.rank = rank_;
-  args.b = b;
-  const int vecs = b * args.layout.row_vecs();
-  kernels::LaunchShape shape;
-  shape.grid = dim3((vecs + options.threads - 1) / options.threads);
-  shape.block = dim3(options.threads);
-  shape.enable_pdl = options.enable_pdl;
-  if (options.release_before_store)
-    kernels::launch(kernels::mailbox_publish_kernel<true>, shape, stream, args);
-  else
-    kernels::launch(kernels::mailbox_publish_kernel<false>, shape, stream, args);
+  detail::launch_mailbox_publish(view_, src, b, options.threads, options.enable_pdl, stream);
 }
 
 void LamportMailbox::publish(const TensorRef& src, cudaStream_t stream,
@@ -152,31 +163,12 @@ void LamportMailbox::publish(const TensorRef& src, cudaStream_t stream,
 void LamportMailbox::gather(void* out, int b, cudaStream_t stream, const GatherOptions& options) {
   SPARK_CHECK(b >= 1 && b <= capacity_, "mailbox gather: b = ", b, " outside [1, ", capacity_,
               "] (the mailbox capacity)");
-  SPARK_CHECK(out != nullptr && reinterpret_cast<uintptr_t>(out) % 16 == 0,
-              "mailbox gather: out must be a non-null 16-byte aligned device pointer");
+  detail::require_aligned(out, 16, "mailbox gather: out must be a non-null 16-byte aligned device pointer");
   check_threads(options.threads, "mailbox gather");
-  {
-    const char* o = static_cast<const char*>(out);
-    const char* base = static_cast<const char*>(memory_->local());
-    const size_t out_bytes = size_t(b) * tp_ * width_ * 2;
-    SPARK_CHECK(o + out_bytes <= base || base + memory_->bytes() <= o,
-                "mailbox gather: out may not overlap the mailbox");
-  }
+  detail::require_disjoint(out, size_t(b) * tp_ * width_ * 2, memory_->local(), memory_->bytes(),
+                           "mailbox gather: out may not overlap the mailbox");
   detail::require_current_device(device_, "the mailbox");
-
-  kernels::MailboxGatherArgs args{};
-  args.local = static_cast<uint16_t*>(copies_[rank_]);
-  args.out = static_cast<__nv_bfloat16*>(out);
-  args.state = state_;
-  args.layout = mailbox::Layout{tp_, capacity_, width_};
-  args.b = b;
-  args.spin = kernels::mailbox_dev::SpinLimit{spin_timeout_ns_, record_device_, rank_};
-  const int fragments = tp_ * args.layout.row_vecs();
-  kernels::LaunchShape shape;
-  shape.grid = dim3(b, (fragments + options.threads - 1) / options.threads);
-  shape.block = dim3(options.threads);
-  shape.enable_pdl = options.enable_pdl;
-  kernels::launch(kernels::mailbox_gather_kernel, shape, stream, args);
+  detail::launch_mailbox_gather(view_, out, b, options.threads, options.enable_pdl, stream);
 }
 
 void LamportMailbox::gather(const TensorRef& out, cudaStream_t stream,
@@ -197,7 +189,7 @@ std::optional<std::string> LamportMailbox::timeout_report() const {
   return detail::concat("mailbox spin timeout on rank ", mailbox::record_rank(r), " (cuda:",
                         device_, "): stage ", mailbox::record_stage(r), ", source ",
                         mailbox::record_source(r), ", row ", mailbox::record_row(r),
-                        " was not published within ", spin_timeout_ns_ / 1e9,
+                        " was not published within ", view_.spin_timeout_ns / 1e9,
                         " s (a peer is missing, late, or ran its calls in another order)");
 }
 

@@ -1,19 +1,17 @@
-// The Pooler: construction (collective), the fused consumer's launch, and
+// The Pooler: construction (collective), the plan of every batch, and
 // project / publish / gather / run / warm_up.
 #include <algorithm>
 #include <map>
 #include <set>
 
 #include "cuda_utils.h"
-#include "kernels/common/launch.cuh"
-#include "kernels/pooler/norm_quant_kernel.cuh"
+#include "launchers.h"
 #include "spark_decode/error.h"
 #include "spark_decode/pooler.h"
+#include "validate.h"
 
 namespace spark_decode {
 namespace {
-
-bool aligned(const void* p, int bytes) { return p != nullptr && reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
@@ -30,49 +28,6 @@ int checked_rows(const TensorRef& x, int hidden, int device) {
 
 }  // namespace
 
-void gather_norm_nvfp4(LamportMailbox& mb, const void* norm_weight, const float* global_scale, float eps,
-                       float gain_center, void* a, void* a_sf, int b, cudaStream_t stream, bool enable_pdl,
-                       bool launch_next_early) {
-  const int cols = mb.tp() * mb.width();
-  SPARK_CHECK(b >= 1 && b <= mb.capacity(), "gather_norm_nvfp4: b = ", b, " outside [1, ", mb.capacity(),
-              "] (the mailbox capacity)");
-  SPARK_CHECK(mb.width() % kNvfp4Block == 0, "gather_norm_nvfp4: mailbox width ", mb.width(),
-              " must be a multiple of ", kNvfp4Block, " (an NVFP4 block may not straddle two ranks)");
-  if (auto reason = ExpertNorm::cols_unsupported(cols)) throw InvalidArgument("gather_norm_nvfp4: " + *reason);
-  SPARK_CHECK(aligned(norm_weight, 16) && aligned(global_scale, 4) && aligned(a, 16) && aligned(a_sf, 4),
-              "gather_norm_nvfp4: norm_weight and a must be 16-byte aligned, global_scale and a_sf 4-byte "
-              "aligned, all non-null device pointers");
-  SPARK_CHECK(eps >= 0.0f, "gather_norm_nvfp4: eps ", eps, " must be >= 0");
-  {
-    const char* base = static_cast<const char*>(mb.memory().local());
-    const size_t mbytes = mb.memory().bytes();
-    for (const auto& [p, bytes] : {std::pair<const void*, size_t>{a, size_t(b) * cols / 2},
-                                   std::pair<const void*, size_t>{a_sf, size_t(b) * cols / 16}}) {
-      const char* o = static_cast<const char*>(p);
-      SPARK_CHECK(o + bytes <= base || base + mbytes <= o, "gather_norm_nvfp4: outputs may not overlap the mailbox");
-    }
-  }
-  detail::require_current_device(mb.device(), "gather_norm_nvfp4");
-  kernels::NormQuantGatherArgs args{};
-  args.local = static_cast<uint16_t*>(mb.local());
-  args.state = mb.stage_state();
-  args.weight = static_cast<const __nv_bfloat16*>(norm_weight);
-  args.global_scale = global_scale;
-  args.a = static_cast<uint8_t*>(a);
-  args.a_sf = static_cast<uint8_t*>(a_sf);
-  args.layout = mailbox::Layout{mb.tp(), mb.capacity(), mb.width()};
-  args.b = b;
-  args.eps = eps;
-  args.gain_center = gain_center;
-  args.spin = kernels::mailbox_dev::SpinLimit{mb.spin_timeout_ns(), mb.timeout_record(), mb.rank()};
-  args.launch_next_early = launch_next_early ? 1 : 0;
-  kernels::LaunchShape shape;
-  shape.grid = dim3(b);
-  shape.block = dim3(kernels::norm::threads_for(cols));
-  shape.enable_pdl = enable_pdl;
-  kernels::launch(kernels::norm_quant_gather_kernel, shape, stream, args);
-}
-
 Pooler::Pooler(Group& group, int tp, int rank, int device, std::vector<PoolerLayer> layers,
                std::vector<int> batches, int capacity, bool enable_pdl, Options options)
     : group_(&group), tp_(tp), rank_(rank), device_(device), capacity_(capacity), enable_pdl_(enable_pdl),
@@ -82,8 +37,8 @@ Pooler::Pooler(Group& group, int tp, int rank, int device, std::vector<PoolerLay
   collective_step(group, "pooler: construction", [&] {
     SPARK_CHECK(!batches.empty(), "batches must lie in [1, ", capacity, "]");
     const auto [lo, hi] = std::minmax_element(batches.begin(), batches.end());
-    SPARK_CHECK(1 <= *lo && *hi <= capacity && *hi <= kPoolerMaxBatch, "batches must lie in [1, ",
-                std::min(capacity, kPoolerMaxBatch), "]");
+    SPARK_CHECK(1 <= *lo && *hi <= capacity && *hi <= kMaxBatch, "batches must lie in [1, ",
+                std::min(capacity, kMaxBatch), "]");
     SPARK_CHECK(std::find(std::begin(kTensorParallelSizes), std::end(kTensorParallelSizes), tp) !=
                     std::end(kTensorParallelSizes),
                 "no pooler GEMM shape for TP", tp);
@@ -121,7 +76,6 @@ Pooler::Pooler(Group& group, int tp, int rank, int device, std::vector<PoolerLay
   detail::DeviceGuard guard(device);
   const int shard = pooled_ / tp;
 
-  consumer_launches_early_ = options.consumer_launches_early;
   LamportMailbox::Options mo;
   mo.spin_timeout_s = options.spin_timeout_s;
   mo.guard_bytes = options.mailbox_guard_bytes;
@@ -138,12 +92,22 @@ Pooler::Pooler(Group& group, int tp, int rank, int device, std::vector<PoolerLay
     go.mailbox = mailbox_.get();  // run() publishes from the GEMM's epilogue
     gemms_.reserve(layers_.size());
     for (const auto& layer : layers_) gemms_.emplace_back(layer.weight, tp, go);
-    for (const auto& layer : layers_)
-      edge_norms_.push_back(layer.global_scale ? nullptr
-                                               : std::make_unique<ExpertNorm>(layer.norm_weight, layer.eps,
-                                                                              layer.gain_center, enable_pdl));
-    cudaFuncAttributes attrs;
-    CUDA_CHECK(cudaFuncGetAttributes(&attrs, kernels::norm_quant_gather_kernel));  // loaded now, not under capture
+    detail::load_norm_kernels();  // now, not under capture
+    // The plan of every batch: the table's row where the shape is the
+    // model's, Options' overrides on top.
+    const bool model = model_tp(PlanOp::pooler, shard, hidden_) == tp;
+    steps_.assign(kMaxBatch, std::nullopt);
+    for (int b : batches_) {
+      PoolerStep st;
+      st.gemm = gemms_[0].choice(b);
+      if (const PlanRow* row = model ? plan_row(PlanOp::pooler, tp, b) : nullptr) {
+        st.publish = row->publish;
+        st.consumer = row->consumer;
+      }
+      if (options.consumer_launches_early)
+        st.consumer = *options.consumer_launches_early ? ConsumerLaunch::early : ConsumerLaunch::late;
+      steps_[b - 1] = st;
+    }
 
     // Scratch, 256-byte aligned pieces of one allocation.
     const size_t shard_bytes = round_up(size_t(capacity) * shard * 2, 256);
@@ -178,17 +142,25 @@ Pooler::~Pooler() {
   }
 }
 
-void Pooler::check_call(int layer, int b, const char* what) const {
+const PoolerStep& Pooler::step(int b) const {
+  SPARK_CHECK(b >= 1 && b <= kMaxBatch && steps_[b - 1], "pooler: b = ", b,
+              " is not one of the batches given at construction");
+  return *steps_[b - 1];
+}
+
+const PoolerStep& Pooler::check_call(int layer, int b, const char* what) const {
   SPARK_CHECK(layer >= 0 && layer < static_cast<int>(layers_.size()), "pooler ", what, ": layer ", layer,
               " outside [0, ", layers_.size(), ")");
-  SPARK_CHECK(std::binary_search(batches_.begin(), batches_.end(), b), "pooler ", what, ": b = ", b,
+  SPARK_CHECK(b >= 1 && b <= kMaxBatch && steps_[b - 1], "pooler ", what, ": b = ", b,
               " is not one of the batches given at construction");
   detail::require_current_device(device_, "the pooler");
+  return *steps_[b - 1];
 }
 
 TensorRef Pooler::project(int layer, const void* x, int b, cudaStream_t stream) {
   check_call(layer, b, "project");
-  gemms_[layer].run(x, shard_, b, stream);
+  gemms_[layer].check_operands(x, shard_, b);
+  gemms_[layer].launch(x, shard_, b, /*publish=*/false, stream);
   return TensorRef::contiguous(shard_, DType::bf16, {b, shard_width()}, device_);
 }
 
@@ -197,50 +169,60 @@ TensorRef Pooler::project(int layer, const TensorRef& x, cudaStream_t stream) {
 }
 
 void Pooler::publish(int b, cudaStream_t stream) {
-  SPARK_CHECK(std::binary_search(batches_.begin(), batches_.end(), b), "pooler publish: b = ", b,
+  SPARK_CHECK(b >= 1 && b <= kMaxBatch && steps_[b - 1], "pooler publish: b = ", b,
               " is not one of the batches given at construction");
-  LamportMailbox::PublishOptions po;
-  po.enable_pdl = enable_pdl_;
-  po.release_before_store = false;
-  mailbox_->publish(shard_, b, stream, po);
+  detail::require_current_device(device_, "the pooler");
+  detail::launch_mailbox_publish(mailbox_->view(), shard_, b, LamportMailbox::PublishOptions{}.threads, enable_pdl_,
+                                 stream);
 }
 
-PoolerOutput Pooler::gather(int layer, int b, cudaStream_t stream) {
-  check_call(layer, b, "gather");
+// The consumer of (layer, b): the fused gather + norm + NVFP4 for an NVFP4
+// layer, the plain gather then pre_expert_norm for an edge layer.
+void Pooler::consume(int layer, int b, const PoolerStep& st, cudaStream_t stream) {
   const PoolerLayer& spec = layers_[layer];
-  PoolerOutput out;
+  const MailboxView& mb = mailbox_->view();
   if (spec.global_scale) {
-    gather_norm_nvfp4(*mailbox_, spec.norm_weight.data, static_cast<const float*>(spec.global_scale->data),
-                      spec.eps, spec.gain_center, packed_, scales_, b, stream, enable_pdl_,
-                      consumer_launches_early_.value_or(pooler_consumer_launches_early(tp_, b)));
+    detail::launch_gather_norm_nvfp4(mb, spec.norm_weight.data, static_cast<const float*>(spec.global_scale->data),
+                                     spec.eps, spec.gain_center, packed_, scales_, b, enable_pdl_,
+                                     st.consumer == ConsumerLaunch::early, stream);
+    return;
+  }
+  detail::launch_mailbox_gather(mb, rows_, b, LamportMailbox::GatherOptions{}.threads, enable_pdl_, stream);
+  detail::launch_expert_norm(rows_, spec.norm_weight.data, normed_, b, pooled_, spec.eps, spec.gain_center,
+                             enable_pdl_, stream);
+}
+
+PoolerOutput Pooler::outputs(int layer, int b) const {
+  PoolerOutput out;
+  if (layers_[layer].global_scale) {
     out.nvfp4 = true;
     out.a = TensorRef::contiguous(packed_, DType::u8, {b, pooled_ / 2}, device_);
     out.a_sf = TensorRef::contiguous(scales_, DType::e4m3, {b, pooled_ / kNvfp4Block}, device_);
-    return out;
+  } else {
+    out.normed = TensorRef::contiguous(normed_, DType::bf16, {b, pooled_}, device_);
   }
-  LamportMailbox::GatherOptions go;
-  go.enable_pdl = enable_pdl_;
-  mailbox_->gather(rows_, b, stream, go);
-  // pre_expert_norm, into scratch.
-  edge_norms_[layer]->run(rows_, normed_, b, stream);
-  out.normed = TensorRef::contiguous(normed_, DType::bf16, {b, pooled_}, device_);
   return out;
 }
 
-// project + publish + gather. The publish is done by the GEMM's epilogue
-// (PoolerGemm::run_publish: the same mailbox bytes and stage word as
-// publish(), one kernel fewer between this layer's GEMM and the next's) or
-// by the publish kernel, whichever pooler_fused_publish's table measured
-// faster at (tp, b).
+PoolerOutput Pooler::gather(int layer, int b, cudaStream_t stream) {
+  consume(layer, b, check_call(layer, b, "gather"), stream);
+  return outputs(layer, b);
+}
+
+// project + publish + gather: one lookup of b's plan and one validation,
+// then two or three kernels (the publish from the GEMM's epilogue or by the
+// publish kernel, as the plan says).
 PoolerOutput Pooler::run(int layer, const void* x, int b, cudaStream_t stream) {
-  check_call(layer, b, "run");
-  if (pooler_fused_publish(tp_, b)) {
-    gemms_[layer].run_publish(x, shard_, b, stream);
-  } else {
-    gemms_[layer].run(x, shard_, b, stream);
-    publish(b, stream);
-  }
-  return gather(layer, b, stream);
+  const PoolerStep& st = check_call(layer, b, "run");
+  const PoolerGemm& gemm = gemms_[layer];
+  gemm.check_operands(x, shard_, b);
+  const bool epilogue = st.publish == PublishRoute::epilogue;
+  gemm.launch(x, shard_, b, /*publish=*/epilogue, stream);
+  if (!epilogue)
+    detail::launch_mailbox_publish(mailbox_->view(), shard_, b, LamportMailbox::PublishOptions{}.threads,
+                                   enable_pdl_, stream);
+  consume(layer, b, st, stream);
+  return outputs(layer, b);
 }
 
 PoolerOutput Pooler::run(int layer, const TensorRef& x, cudaStream_t stream) {

@@ -13,12 +13,12 @@ namespace spark_decode::trace {
 
 const char* kernel_name(uint16_t kernel) {
   switch (kernel) {
-    case kUnpooler: return "unpooler";
-    case kSkinnyGemm: return "skinny_gemm";
+    case kSplitKMma: return "splitk_mma";
+    case kSkinny: return "skinny";
     case kPublish: return "publish";
     case kGather: return "gather";
-    case kNormQuantGather: return "norm_quant_gather";
-    case kRingGemm: return "ring_gemm";
+    case kGatherNormNvfp4: return "gather_norm_nvfp4";
+    case kRingMma: return "ring_mma";
     default: return "unknown";
   }
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Checks, in the machine code of the built library, what each kernel does
-before its griddepcontrol.wait: the GEMMs stream weights there (SPEC §2.1:
-"weights are loaded before griddepcontrol.wait") and read nothing else; no
+before its griddepcontrol.wait: the GEMMs stream weights there (the design's
+rule: weights are loaded before griddepcontrol.wait, activations after;
+docs/design.md, "Engines") and read nothing else; no
 kernel touches mailbox memory or stage words there (no strong load, no store).
 And two orders that a measured speed depends on: x loads ahead of the weight
 copies (X_BEFORE_COPIES), and the fused consumer's two launch points
@@ -33,12 +34,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KERNELS = {
     # The GEMMs stream weights before the wait; x, written by the previous
     # grid, is read with plain loads, so any other load before it is a bug.
-    "15unpooler_kernel": (2, True),
+    "17splitk_mma_kernel": (2, True),
     "18skinny_gemm_kernel": (2, True),
     # The ring engine's weights go to shared memory by cp.async (LDGSTS).
-    "16ring_gemm_kernel": (2, True),
+    "15ring_mma_kernel": (2, True),
     # The fused consumer reads its norm weight (a parameter) before the wait.
-    "24norm_quant_gather_kernel": (2, False),
+    "24gather_norm_nvfp4_kernel": (2, False),
     # The mailbox's own kernels read nothing before it.
     "22mailbox_publish_kernel": (0, False),
     "21mailbox_gather_kernel": (0, False),
@@ -47,18 +48,18 @@ KERNELS = {
 
 # Kernels whose weight streams are cp.async copies into shared memory
 # (LDGSTS): only there does an LDGSTS before the wait count as a weight load.
-CP_ASYNC = ("16ring_gemm_kernel",)
+CP_ASYNC = ("15ring_mma_kernel",)
 
 
 # Kernels whose x loads after the wait (plain LDG) must reach the memory
 # system ahead of the weight copies (LDGSTS) of the same cp.async group (on
 # sm_90a, where it was measured): the
 # ring engine at its 8-token tile loads x three stages ahead, and that paid
-# (0.2-0.9 us, bench/NOTES.md "The ring's x loads") only where ptxas put the
+# (docs/perf/pooler_gemm.md, "The ring's x loads") only where ptxas put the
 # loads before the copies; a rewrite of the same source that it scheduled
-# behind them was 0.3-1.3 us slower than loading x one stage ahead. (The
-# prefix names the 8-token tile at either split: ring_gemm_kernel<8, RT, KS>.)
-X_BEFORE_COPIES = ("16ring_gemm_kernelILi8E",)
+# behind them was slower than loading x one stage ahead. (The prefix names
+# the 8-token tile: ring_mma_kernel<8>.)
+X_BEFORE_COPIES = ("15ring_mma_kernelILi8E",)
 
 
 def x_after_copies(code, wait):
@@ -86,10 +87,10 @@ def x_after_copies(code, wait):
 # at run time: one before griddepcontrol.wait (the next grid launches at this
 # one's start) and one after its first polling load, a strong 16-byte load
 # (not the 4-byte stage word before it): once the data has arrived. Measured
-# 1 us apart per Pooler layer (bench/NOTES.md); PREEXIT has no memory effect,
+# apart per Pooler layer (docs/perf/consumer.md); PREEXIT has no memory effect,
 # so ptxas may move it, and this says if it did (a copy of the kernel without
 # the first point fails here: checked by hand, 2026-12-02).
-LAUNCH_POINTS = ("24norm_quant_gather_kernel",)
+LAUNCH_POINTS = ("24gather_norm_nvfp4_kernel",)
 
 
 def launch_points_missing(code, wait):

@@ -94,7 +94,7 @@ bool verify_unpooler_gpu() {
   std::vector<S> shapes = {{48, 256}};
   for (int tp : kTensorParallelSizes) shapes.push_back({kMuseSpark.hidden / tp, kMuseSpark.pooled});
   for (S s : shapes) {
-    const int m = kUnpoolerMaxM;
+    const int m = kMaxBatch;
     const auto hw = random_bf16(static_cast<size_t>(s.n) * s.k, g), hx = random_bf16(static_cast<size_t>(m) * s.k, g);
     void *w, *x, *out;
     CUDA_CHECK(cudaMalloc(&w, hw.size() * 2));

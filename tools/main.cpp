@@ -8,7 +8,7 @@
 #include "benches.h"
 #include "info.h"
 #include "spark_decode/error.h"
-#include "spark_decode/pooler_gemm.h"
+#include "spark_decode/plan.h"
 #include "spark_decode/unpooler.h"
 
 namespace sd = spark_decode;
@@ -30,11 +30,11 @@ int main(int argc, char** argv) {
   app.require_subcommand(0, 1);
 
   auto* info = app.add_subcommand("info", "GPUs, compute capability, SMs, L2, clusters, peer access");
-  auto* tactics = app.add_subcommand("tactics", "print the tactic tables");
+  auto* tactics = app.add_subcommand("tactics", "print the plan table (engine and parameters per op, tp and b)");
 
   sd::bench::UnpoolerBenchOptions opts;
   opts.out_dir = std::string(SPARK_DECODE_SOURCE_DIR) + "/bench/results";
-  auto* bench = app.add_subcommand("bench", "benchmarks against the stock path (SPEC §7)");
+  auto* bench = app.add_subcommand("bench", "benchmarks against the stock path (docs/design.md, \"Benchmark records\")");
   bench->require_subcommand(1);
   auto* bench_unpooler = bench->add_subcommand("unpooler", "the unpooler GEMM against cuBLAS, tp 1, 2, 4, 8");
   bool publish = false;
@@ -43,8 +43,6 @@ int main(int argc, char** argv) {
                            "zero-copy publish + gather against plain + publish and cuBLAS + NCCL (--publish-tp GPUs)");
   bench_unpooler->add_option("--publish-tp", publish_tp, "GPUs for --publish");
   bench_unpooler->add_option("--trace", opts.trace, "path prefix of per-CTA timelines (a -DSPARK_DECODE_TRACE=ON build)");
-  bench_unpooler->add_flag("--ring", opts.ring,
-                           "also the pooler GEMM's ring engine at the unpooler's shapes (a diagnostic)");
   sd::bench::GatherBenchOptions gather_opts;
   gather_opts.out_dir = opts.out_dir;
   auto* bench_gather = bench->add_subcommand("gather", "mailbox publish + gather against ncclAllGather (tp GPUs)");
@@ -98,8 +96,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*tactics) {
-      std::printf("%s", sd::format_unpooler_tactic_table().c_str());
-      std::printf("%s", sd::format_pooler_gemm_table().c_str());
+      std::printf("%s", sd::format_plan_table().c_str());
       return 0;
     }
     if (*bench_unpooler || *tune_unpooler) {
@@ -134,7 +131,7 @@ int main(int argc, char** argv) {
     }
     // The main job: what is here, and does it compute the right thing.
     sd::tool::print_info();
-    std::printf("%s", sd::format_unpooler_tactic_table().c_str());
+    std::printf("%s", sd::format_plan_table().c_str());
     if (sd::tool::gpu_count() == 0) {
       std::printf("No GPU on this machine: the kernels cannot run here. Running the CPU reference instead.\n");
       sd::tool::run_cpu_reference_demo();

@@ -1,4 +1,5 @@
-// spark_decode/mailbox.h: the Lamport mailbox (SPEC §2.2, §4).
+// spark_decode/mailbox.h: the Lamport mailbox (docs/design.md, "The Lamport
+// mailbox protocol").
 //
 // Every rank of a tensor-parallel group publishes a block of `width` BF16
 // columns for b rows; every rank gathers all tp blocks into full rows,
@@ -14,6 +15,7 @@
 //   data   BF16 [3 stages][tp sources][capacity rows][width], 256-byte aligned
 //   state  int32 [2]: NEXT (written by consumers) and ACTIVE (written by
 //          publishers); stage << 16 | rows. See src/kernels/mailbox/protocol.h.
+// Kernels take it as a MailboxView (view()).
 // The stage advances on the device, once per call, so a captured CUDA graph
 // replays correctly any number of times.
 //
@@ -58,6 +60,7 @@
 #include <vector>
 
 #include "spark_decode/group.h"
+#include "spark_decode/mailbox_view.h"
 #include "spark_decode/symmetric_memory.h"
 #include "spark_decode/types.h"
 
@@ -65,8 +68,6 @@ namespace spark_decode {
 
 // Filler of the optional guard regions around a mailbox's allocation.
 inline constexpr uint8_t kMailboxGuardByte = 0xa5;
-inline constexpr int kMailboxMaxRanks = 8;
-inline constexpr int kMailboxStages = 3;
 
 class LamportMailbox {
  public:
@@ -81,11 +82,6 @@ class LamportMailbox {
   struct PublishOptions {
     int threads = 128;            // threads per CTA, a multiple of 32 in [32, 1024]
     bool enable_pdl = true;       // programmatic dependent launch
-    // A system-scope fence before the peer stores. Not needed by the
-    // protocol (the kernel boundary orders the previous consumer's clear
-    // before this publisher's stores; see protocol.h); kept as the seed's
-    // switch for experiments.
-    bool release_before_store = false;
   };
   struct GatherOptions {
     int threads = 128;  // threads per CTA, a multiple of 32 in [32, 1024]
@@ -148,38 +144,25 @@ class LamportMailbox {
   // Collective: synchronises this rank's device, then the group.
   void barrier();
 
-  // ---- what the kernels of later components need ----
   int tp() const { return tp_; }
   int rank() const { return rank_; }
   int capacity() const { return capacity_; }
   int width() const { return width_; }
   int device() const { return device_; }
-  uint64_t spin_timeout_ns() const { return spin_timeout_ns_; }
-  // Every rank's copy (data [3][tp][capacity][width] BF16) as this rank's
-  // device addresses it; copies()[rank()] == local().
-  const std::vector<void*>& copies() const { return copies_; }
-  void* local() const { return copies_[rank_]; }
-  // This rank's stage state, int32 [2] (NEXT, ACTIVE) in device memory.
-  int32_t* stage_state() const { return state_; }
-  // The host-mapped uint32 a timing-out consumer reports into (device address).
-  uint32_t* timeout_record() const { return record_device_; }
-  // Bytes of one copy's data.
-  size_t copy_bytes() const;
-  // The whole allocation, guards included, and where data and state sit in it.
+  // What a kernel that publishes into or consumes from this mailbox takes:
+  // every rank's copy as this device maps it, the stage state, the layout,
+  // the spin limit. A plain struct, passed by value.
+  const MailboxView& view() const { return view_; }
+  // The whole allocation, guards included (view().copies[rank()] and
+  // view().state lie in it).
   const SymmetricMemory& memory() const { return *memory_; }
-  size_t data_offset() const { return data_offset_; }
-  size_t state_offset() const { return state_offset_; }
 
  private:
   int tp_, rank_, capacity_, width_, device_;
-  uint64_t spin_timeout_ns_;
-  size_t data_offset_ = 0, state_offset_ = 0;
   Group* group_;
   std::unique_ptr<SymmetricMemory> memory_;
-  std::vector<void*> copies_;
-  int32_t* state_ = nullptr;
+  MailboxView view_;
   uint32_t* record_host_ = nullptr;
-  uint32_t* record_device_ = nullptr;
 };
 
 }  // namespace spark_decode

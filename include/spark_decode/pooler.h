@@ -1,5 +1,5 @@
-// spark_decode/pooler.h: the pooler of the Muse Spark MoE layers (seed 001,
-// SPEC §2.3): the boundary before the routed experts.
+// spark_decode/pooler.h: the pooler of the Muse Spark MoE layers: the
+// boundary before the routed experts (docs/design.md, "The Pooler").
 //
 // Per MoE layer and TP rank r of tp:
 //   project  shard[b, P/tp] = x[b, H] @ W[r P/tp : (r+1) P/tp, :]^T  (pooler GEMM)
@@ -17,16 +17,17 @@
 //                           gather + norm bit for bit except the sign of
 //                           zero (publishers store BF16 -0.0 as +0.0, the
 //                           mailbox's sentinel being -0.0).
-//   run = project + publish + gather, the publish done by the GEMM's own
+//   run = project + publish + gather, as the plan table's row of (tp, b)
+//           says (spark_decode/plan.h): the publish done by the GEMM's own
 //           epilogue (the same mailbox bytes and stage word as publish(),
-//           one kernel fewer) or by the publish kernel, as
-//           pooler_fused_publish(tp, b) measured faster: two kernels per
-//           call for an NVFP4 layer on the fused route, three otherwise;
+//           one kernel fewer) or by the publish kernel: two kernels per
+//           call for an NVFP4 layer on the epilogue route, three otherwise;
 //           an edge layer adds ExpertNorm to its plain gather. With
 //           programmatic dependent launch the fused consumer lets the next
-//           kernel launch at its start or, where measured faster
-//           (pooler_consumer_launches_early(tp, b)), once its data has
-//           arrived; Options::consumer_launches_early forces either.
+//           kernel launch at its start or once its data has arrived (the
+//           row's consumer launch point; Options::consumer_launches_early
+//           forces either). The plan of every b is chosen at construction;
+//           run() looks it up once and validates once.
 // One mailbox serves every layer; every rank runs its calls in the same
 // order with the same b (see mailbox.h). Outputs are views of scratch that
 // the next call overwrites.
@@ -40,10 +41,9 @@
 //   (an NVFP4 block never straddles two ranks' blocks); global_scale, if
 //   any, FP32 [1] on `device`, 4-byte aligned; eps >= 0. H itself: the
 //   GEMM engine the table picks for each b must take [P/tp, H]
-//   (pooler_gemm.h: a skinny shape needs H % 8192 == 0 at the compiled
-//   shapes, the MMA engine the Unpooler's conditions on K = H, the ring
-//   engine P/tp % 32 == 0 and H % 1024 == 0 and 225 KiB of shared memory
-//   per block).
+//   (pooler_gemm.h: the skinny shape needs H % 8192 == 0, the split-K
+//   engine launch_unsupported's conditions on K = H, the ring engine P/tp %
+//   32 == 0 and H % 1024 == 0 and 225 KiB of shared memory per block).
 //   Per call: x BF16 [b, H] contiguous 16-byte aligned on `device`, b one of
 //   `batches`; the device current on the calling thread.
 // Weights, norm weights and global scales are views (not copied) that must
@@ -88,7 +88,7 @@ struct PoolerLayer {
 };
 
 // The parts of one stock MuseSpark MoE layer pooler_layer() reads (the C++
-// stand-in of the seed's module attributes).
+// stand-in of the model module's attributes).
 struct StockMoeLayer {
   TensorRef pooler_weight;  // pooler.weight, [P, H]
   struct Norm {
@@ -105,7 +105,7 @@ struct StockMoeLayer {
 
 // The pooler of one stock MoE layer, checked against what the fused path
 // assumes (the stock path's own conditions for its fused gather); throws
-// InvalidArgument with the seed's reasons:
+// InvalidArgument with these reasons:
 //   "pooler weight must be [P, H] BF16" (with the numbers),
 //   "pre_expert_norm must apply a [P] BF16 weight after the norm",
 //   "the NVFP4 input global scale must be one FP32 value".
@@ -124,7 +124,7 @@ PoolerLayer pooler_layer(const StockMoeLayer& moe, int tp, int rank, const Model
 // scale after. One kernel, grid (b), P/16 threads; capturable, allocates
 // nothing. `launch_next_early`: the next kernel (with programmatic dependent
 // launch) may launch at this one's start, else once its data has arrived
-// (pooler_consumer_launches_early; the bytes are the same).
+// (the plan table's consumer launch point; the bytes are the same).
 void gather_norm_nvfp4(LamportMailbox& mailbox, const void* norm_weight, const float* global_scale,
                        float eps, float gain_center, void* a, void* a_sf, int b, cudaStream_t stream,
                        bool enable_pdl = true, bool launch_next_early = true);
@@ -142,9 +142,18 @@ struct PoolerOptions {
   size_t mailbox_guard_bytes = 0;   // the mailbox's (tests)
   // Every layer's GEMM on this engine instead of the table's (tune, tests).
   std::optional<PoolerGemmChoice> gemm;
-  // Where the fused consumer lets the next kernel launch, instead of
-  // pooler_consumer_launches_early's choice (bench, tests).
+  // Where the fused consumer lets the next kernel launch, instead of the
+  // plan table's (bench, tests).
   std::optional<bool> consumer_launches_early;
+};
+
+// What Pooler::run does at one b: the plan table's row of (tp, b) (defaults
+// for shapes outside the table: the epilogue publish, the early launch
+// point), with Options' overrides applied.
+struct PoolerStep {
+  PoolerGemmChoice gemm;
+  PublishRoute publish = PublishRoute::epilogue;
+  ConsumerLaunch consumer = ConsumerLaunch::early;
 };
 
 class Pooler {
@@ -152,7 +161,7 @@ class Pooler {
   using Options = PoolerOptions;
 
   Pooler(Group& group, int tp, int rank, int device, std::vector<PoolerLayer> layers,
-         std::vector<int> batches = {8}, int capacity = kMuseSpark.max_batch, bool enable_pdl = true,
+         std::vector<int> batches = {8}, int capacity = kMaxBatch, bool enable_pdl = true,
          Options options = Options{});
   ~Pooler();
   Pooler(const Pooler&) = delete;
@@ -187,20 +196,24 @@ class Pooler {
   const std::vector<int>& batches() const { return batches_; }
   bool is_nvfp4(int layer) const { return layers_.at(layer).global_scale.has_value(); }
   PoolerGemmChoice gemm_choice(int layer, int b) const { return gemms_.at(layer).choice(b); }
+  // The plan of batch b (one of batches()).
+  const PoolerStep& step(int b) const;
   LamportMailbox& mailbox() { return *mailbox_; }
 
  private:
-  void check_call(int layer, int b, const char* what) const;
+  // The one validation of a call: layer, b (its plan), the current device.
+  const PoolerStep& check_call(int layer, int b, const char* what) const;
+  void consume(int layer, int b, const PoolerStep& step, cudaStream_t stream);
+  PoolerOutput outputs(int layer, int b) const;
 
   Group* group_;
   int tp_, rank_, device_, capacity_, hidden_ = 0, pooled_ = 0;
   bool enable_pdl_;
-  std::optional<bool> consumer_launches_early_;  // Options' override, else the table's
   std::vector<PoolerLayer> layers_;
+  std::vector<std::optional<PoolerStep>> steps_;  // by b - 1
   std::vector<int> batches_;
   std::unique_ptr<LamportMailbox> mailbox_;
   std::vector<PoolerGemm> gemms_;
-  std::vector<std::unique_ptr<ExpertNorm>> edge_norms_;  // by layer; null for NVFP4 layers
   void* scratch_ = nullptr;
   void *shard_ = nullptr, *packed_ = nullptr, *scales_ = nullptr, *rows_ = nullptr, *normed_ = nullptr;
 };

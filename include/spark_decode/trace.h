@@ -23,12 +23,12 @@ namespace spark_decode::trace {
 
 // Which kernel wrote a record.
 enum Kernel : uint16_t {
-  kUnpooler = 1,        // the unpooler GEMM (and the Pooler's MMA engine)
-  kSkinnyGemm = 2,      // the pooler GEMM's skinny engine
-  kPublish = 3,         // LamportMailbox::publish
-  kGather = 4,          // LamportMailbox::gather
-  kNormQuantGather = 5,  // the Pooler's fused gather + norm + NVFP4
-  kRingGemm = 6          // the pooler GEMM's ring engine
+  kSplitKMma = 1,        // the split-K MMA engine (the unpooler, the pooler GEMM at tp >= 2)
+  kSkinny = 2,           // the skinny GEMM engine
+  kPublish = 3,          // LamportMailbox::publish
+  kGather = 4,           // LamportMailbox::gather
+  kGatherNormNvfp4 = 5,  // the Pooler's fused gather + norm + NVFP4
+  kRingMma = 6           // the ring MMA engine
 };
 const char* kernel_name(uint16_t kernel);
 

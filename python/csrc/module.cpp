@@ -92,7 +92,7 @@ auto without_gil(F&& f) {
 
 // ---- tactics --------------------------------------------------------------------
 
-py::dict tactic_dict(const sd::UnpoolerTactic& t) {
+py::dict tactic_dict(const sd::SplitKTactic& t) {
   py::dict d;
   d["splits"] = t.splits;
   d["kw"] = t.kw;
@@ -108,9 +108,9 @@ py::dict tactic_dict(const sd::UnpoolerTactic& t) {
 // row_swizzle where `d` changes kw or accs: the fragment-order loads the
 // table may pick are compiled for one (kw, accs) only, the swizzled ones
 // for all, so another kw or accs gets them unless asked otherwise.
-sd::UnpoolerTactic tactic_from(const py::dict& d, int n, int k) {
-  sd::UnpoolerTactic t = sd::unpooler_tactic(n, k);
-  const sd::UnpoolerTactic table = t;
+sd::SplitKTactic tactic_from(const py::dict& d, int n, int k) {
+  sd::SplitKTactic t = sd::unpooler_tactic(n, k);
+  const sd::SplitKTactic table = t;
   bool swizzle_given = false;
   for (auto item : d) {
     const auto key = item.first.cast<std::string>();
@@ -254,9 +254,8 @@ PYBIND11_MODULE(_C, m) {
     return sd::launch_unsupported(n, k, tactic_from(t, n, k));
   });
   m.def("unpooler_tactic", [](int n, int k) { return tactic_dict(sd::unpooler_tactic(n, k)); });
-  m.def("format_unpooler_tactic_table", &sd::format_unpooler_tactic_table);
-  m.def("format_pooler_gemm_table", &sd::format_pooler_gemm_table);
-  m.attr("UNPOOLER_MAX_M") = sd::kUnpoolerMaxM;
+  m.def("format_plan_table", &sd::format_plan_table);
+  m.attr("MAX_BATCH") = sd::kMaxBatch;
 
   py::class_<sd::Unpooler>(m, "Unpooler")
       .def(py::init([](const py::tuple& weight, sd::LamportMailbox* mailbox, bool enable_pdl,
@@ -371,7 +370,7 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("width", &sd::LamportMailbox::width)
       .def_property_readonly("device", &sd::LamportMailbox::device)
       .def_property_readonly("stage_state", [](const sd::LamportMailbox& mb) {
-        return describe(sd::TensorRef::contiguous(mb.stage_state(), sd::DType::i32, {2}, mb.device()));
+        return describe(sd::TensorRef::contiguous(mb.view().state, sd::DType::i32, {2}, mb.device()));
       });
 
   // ---- ExpertNorm ----

@@ -17,7 +17,7 @@ device, which must be the calling thread's current CUDA device
 # loaded, which the extension module then shares (one runtime per process).
 import torch  # noqa: F401  (imported for its side effect)
 
-from ._C import InvalidArgument, SparkRuntimeError, format_pooler_gemm_table, format_unpooler_tactic_table
+from ._C import InvalidArgument, SparkRuntimeError, format_plan_table
 from .group import CallbackGroup, Group, from_process_group, single_rank
 from .mailbox import LamportMailbox
 from .pooler import ExpertNorm, Pooler, PoolerLayer, pooler_layer
@@ -36,8 +36,7 @@ __all__ = [
     "UNPOOLER",
     "Unpooler",
     "UnpoolerShape",
-    "format_pooler_gemm_table",
-    "format_unpooler_tactic_table",
+    "format_plan_table",
     "from_process_group",
     "launch_unsupported",
     "pooler_layer",

@@ -15,7 +15,7 @@ from ._tensors import Views, current_stream, describe, device_index, optional
 from .group import as_group
 from .mailbox import LamportMailbox
 
-MAX_BATCH = 16
+MAX_BATCH = _C.MAX_BATCH
 
 
 class PoolerLayer(NamedTuple):

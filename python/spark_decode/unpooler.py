@@ -49,7 +49,7 @@ class UnpoolerShape(NamedTuple):
         return d
 
 
-MAX_M = _C.UNPOOLER_MAX_M
+MAX_M = _C.MAX_BATCH
 UNPOOLER = UnpoolerShape()
 
 

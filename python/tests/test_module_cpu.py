@@ -65,11 +65,11 @@ class Tactics(unittest.TestCase):
             t = _C.unpooler_tactic(n, k)
             self.assertEqual(sorted(t), ["accs", "cluster_balance", "kw", "row_swizzle", "row_tiles", "splits",
                                          "token_tile"])
-            self.assertEqual(len(t["token_tile"]), _C.UNPOOLER_MAX_M)
+            self.assertEqual(len(t["token_tile"]), _C.MAX_BATCH)
             self.assertIsNone(_C.tactic_unsupported(n, k, t), (n, k, t))
             self.assertIsNone(_C.tactic_unsupported(n, k, {}))  # the table's, by default
-        self.assertIn("N=8192 K=4096", _C.format_unpooler_tactic_table())
-        self.assertTrue(_C.format_pooler_gemm_table())
+        self.assertIn("unpooler tp 1 b 1..8 -> splitk_mma S=2 kw=256", _C.format_plan_table())
+        self.assertIn("pooler tp 1 b 9..16 -> ring_mma", _C.format_plan_table())
 
     def test_row_swizzle_follows_kw_and_accs(self):
         # tp 8's table tactic has fragment-order loads (kw=256 accs=1 only):

@@ -71,8 +71,8 @@ TEST(Trace, OffUnlessConfiguredAndSaysHow) {
   }
   EXPECT_THROW(sd::trace::stop(), sd::RuntimeError);
 #endif
-  EXPECT_STREQ(sd::trace::kernel_name(sd::trace::kUnpooler), "unpooler");
-  EXPECT_STREQ(sd::trace::kernel_name(sd::trace::kNormQuantGather), "norm_quant_gather");
-  EXPECT_STREQ(sd::trace::kernel_name(sd::trace::kRingGemm), "ring_gemm");
+  EXPECT_STREQ(sd::trace::kernel_name(sd::trace::kSplitKMma), "splitk_mma");
+  EXPECT_STREQ(sd::trace::kernel_name(sd::trace::kGatherNormNvfp4), "gather_norm_nvfp4");
+  EXPECT_STREQ(sd::trace::kernel_name(sd::trace::kRingMma), "ring_mma");
   EXPECT_STREQ(sd::trace::kernel_name(0), "unknown");
 }

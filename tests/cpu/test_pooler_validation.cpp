@@ -1,6 +1,6 @@
 // The Pooler's host-side checks that run without a GPU: pooler_layer()'s
-// reasons (the seed's texts) and the pooler GEMM's launch-shape checks and
-// table.
+// reasons (the stock model's texts) and the pooler GEMM's launch-shape
+// checks (its engines per (tp, b): tests/cpu/test_plan.cpp).
 #include <gtest/gtest.h>
 
 #include <string>
@@ -57,7 +57,7 @@ TEST(PoolerLayer, TakesThisRanksRowsAndTheNormConstants) {
   EXPECT_FALSE(sd::pooler_layer(good_layer(false), 2, 0).global_scale.has_value());
 }
 
-TEST(PoolerLayer, RefusesWithTheSeedsReasons) {
+TEST(PoolerLayer, RefusesWithTheStockReasons) {
   const std::string weight_reason = "pooler weight must be [4096, 8192] BF16";
   const std::string norm_reason = "pre_expert_norm must apply a [P] BF16 weight after the norm";
   const std::string scale_reason = "the NVFP4 input global scale must be one FP32 value";
@@ -110,7 +110,7 @@ TEST(PoolerLayer, RefusesWithTheSeedsReasons) {
 }
 
 TEST(PoolerGemmShapes, ChecksDivisibilityAndCompiledShapes) {
-  const sd::PoolerGemmShape s{256, 4, 4};
+  const sd::PoolerGemmShape s{512, 4, 2};
   EXPECT_FALSE(sd::pooler_gemm_unsupported(2048, 8192, 16, s));
   EXPECT_TRUE(sd::pooler_gemm_unsupported(2050, 8192, 1, s));   // N % 4
   EXPECT_TRUE(sd::pooler_gemm_unsupported(2048, 8000, 1, s));   // K % 8192
@@ -121,66 +121,30 @@ TEST(PoolerGemmShapes, ChecksDivisibilityAndCompiledShapes) {
   EXPECT_NE(why->find("no compiled kernel"), std::string::npos) << *why;
 }
 
-TEST(PoolerGemmShapes, TableCoversEveryModelShapeAndBatch) {
-  // The choices measured on the H200 (bench/results/pooler_tune_2026-12-02_c5a28e4,
-  // pooler_2026-12-02_{b924dc3,5eb740d}): the ring engine (split 1) at tp 1 for
-  // every b; at tp 2..8 skinny(512, 4, 2) at b = 1 and the MMA engine from b = 2. Spelled out here so
-  // that an entry the table's own check rejects (and silently replaces by a
-  // fallback) fails this test.
-  const sd::PoolerGemmShape b1{512, 4, 2};
-  for (int tp : sd::kTensorParallelSizes)
-    for (int b = 1; b <= sd::kPoolerMaxBatch; ++b) {
-      const int n = sd::kMuseSpark.pooled / tp, k = sd::kMuseSpark.hidden;
-      const auto c = sd::pooler_gemm_choice(n, k, tp, b);
-      const bool ring = tp == 1, skinny = !ring && b == 1;
-      ASSERT_EQ(c.engine, skinny ? sd::PoolerGemmEngine::skinny
-                          : ring ? sd::PoolerGemmEngine::ring
-                                 : sd::PoolerGemmEngine::mma)
-          << "tp " << tp << " b " << b;
-      if (skinny) EXPECT_EQ(c.shape, b1) << "tp " << tp << " b " << b << ": " << c.to_string();
-      if (ring) EXPECT_EQ(c.ring_split, 1) << "b " << b;
-    }
-  // A small shape no table entry names: a compiled skinny shape that fits.
-  const auto c = sd::pooler_gemm_choice(64, 8192, 2, 3);
-  ASSERT_EQ(c.engine, sd::PoolerGemmEngine::skinny);
-  EXPECT_FALSE(sd::pooler_gemm_unsupported(64, 8192, 3, c.shape));
-  // K no compiled shape divides: the MMA engine.
-  EXPECT_EQ(sd::pooler_gemm_choice(64, 4096, 2, 3).engine, sd::PoolerGemmEngine::mma);
-  EXPECT_NE(sd::format_pooler_gemm_table().find("tp 8"), std::string::npos);
-  // The fused consumer's trigger (measured at tp 1 only): late where the
-  // ring runs its 16-token tile, early everywhere else.
-  for (int tp : sd::kTensorParallelSizes)
-    for (int b = 1; b <= sd::kPoolerMaxBatch; ++b)
-      EXPECT_EQ(sd::pooler_consumer_launches_early(tp, b), !(tp == 1 && b >= 9)) << "tp " << tp << " b " << b;
-}
-
 TEST(PoolerGemmShapes, CandidatesNameEveryEngineAndShapeOnce) {
   const auto all = sd::pooler_gemm_candidates();
-  ASSERT_EQ(all.size(), 3 + sd::pooler_gemm_shapes().size());
-  EXPECT_EQ(all[0].engine, sd::PoolerGemmEngine::mma);
-  for (int i = 1; i <= 2; ++i) {
-    EXPECT_EQ(all[i].engine, sd::PoolerGemmEngine::ring);
-    EXPECT_EQ(all[i].ring_split, 1 << (i - 1));
-  }
-  for (size_t i = 3; i < all.size(); ++i) {
-    EXPECT_EQ(all[i].engine, sd::PoolerGemmEngine::skinny);
-    EXPECT_EQ(all[i].shape, sd::pooler_gemm_shapes()[i - 3]);
+  ASSERT_EQ(all.size(), 2 + sd::pooler_gemm_shapes().size());
+  EXPECT_EQ(all[0].engine, sd::GemmEngine::splitk_mma);
+  EXPECT_EQ(all[1].engine, sd::GemmEngine::ring_mma);
+  for (size_t i = 2; i < all.size(); ++i) {
+    EXPECT_EQ(all[i].engine, sd::GemmEngine::skinny);
+    EXPECT_EQ(all[i].shape, sd::pooler_gemm_shapes()[i - 2]);
   }
   // Names are distinct: benchmarks and results key on them.
   for (size_t i = 0; i < all.size(); ++i)
     for (size_t j = 0; j < i; ++j) EXPECT_NE(all[i].to_string(), all[j].to_string());
   // The skinny shape's own reasons; the MMA engine's are the Unpooler's, at construction.
-  const auto skinny = all[3];
+  const auto skinny = all[2];
   EXPECT_EQ(sd::pooler_choice_unsupported(2049, 8192, 1, skinny), sd::pooler_gemm_unsupported(2049, 8192, 1, skinny.shape));
   EXPECT_TRUE(sd::pooler_choice_unsupported(2049, 8192, 1, skinny));  // N odd
   EXPECT_FALSE(sd::pooler_choice_unsupported(2049, 8192, 1, all.front()));
-  EXPECT_STREQ(sd::engine_name(all[1].engine), "ring");
+  EXPECT_STREQ(sd::engine_name(all[1].engine), "ring_mma");
 }
 
 TEST(PoolerGemmShapes, RingEngineGivesItsReasons) {
-  const sd::PoolerGemmChoice ring{sd::PoolerGemmEngine::ring, {}};
+  const sd::PoolerGemmChoice ring{sd::GemmEngine::ring_mma, {}};
   for (int tp : sd::kTensorParallelSizes)
-    for (int b = 1; b <= sd::kPoolerMaxBatch; ++b)
+    for (int b = 1; b <= sd::kMaxBatch; ++b)
       EXPECT_FALSE(sd::pooler_choice_unsupported(sd::kMuseSpark.pooled / tp, sd::kMuseSpark.hidden, b, ring))
           << "tp " << tp << " b " << b;
   auto reason = [&](int n, int k, int m) {
@@ -194,24 +158,5 @@ TEST(PoolerGemmShapes, RingEngineGivesItsReasons) {
   EXPECT_NE(reason(0, 8192, 1).find("N = 0"), std::string::npos);
   EXPECT_NE(reason(2048, 8192, 0).find("m = 0 outside [1, 16]"), std::string::npos) << reason(2048, 8192, 0);
   EXPECT_NE(reason(2048, 8192, 17).find("m = 17"), std::string::npos);
-  EXPECT_EQ(sd::PoolerGemmChoice(ring).to_string(), "ring(cp.async stages)");
-}
-
-TEST(PoolerGemmShapes, SplitRingEngineGivesItsReasons) {
-  auto reason = [&](int split, int n, int k) {
-    const auto why = sd::pooler_choice_unsupported(n, k, 1, {sd::PoolerGemmEngine::ring, {}, split});
-    return why ? *why : std::string("(none)");
-  };
-  for (int tp : sd::kTensorParallelSizes)
-    EXPECT_EQ(reason(2, sd::kMuseSpark.pooled / tp, sd::kMuseSpark.hidden), "(none)") << "tp " << tp;
-  EXPECT_EQ(sd::pooler_ring_rows(2), 64);
-  EXPECT_EQ(sd::pooler_ring_k_multiple(2), 1024);
-  EXPECT_NE(reason(2, 2048 + 32, 8192).find("N = 2080 is not a positive multiple of 64 (split 2)"), std::string::npos)
-      << reason(2, 2048 + 32, 8192);
-  EXPECT_NE(reason(2, 2048, 8192 - 512).find("K = 7680 is not a positive multiple of 1024"), std::string::npos)
-      << reason(2, 2048, 8192 - 512);
-  EXPECT_EQ(reason(2, 2048, 8192 - 1024), "(none)");
-  EXPECT_NE(reason(4, 2048, 8192).find("split 4 is not 1 or 2"), std::string::npos) << reason(4, 2048, 8192);
-  EXPECT_EQ(sd::PoolerGemmChoice({sd::PoolerGemmEngine::ring, {}, 2}).to_string(),
-            "ring(64-row tiles, K split over 2 CTAs)");
+  EXPECT_EQ(sd::PoolerGemmChoice(ring).to_string(), "ring_mma");
 }

@@ -1,5 +1,5 @@
-// Every reason the Unpooler refuses a weight or a tactic, and the tactic
-// table, checked without a GPU.
+// Every reason the Unpooler refuses a weight or a tactic, and its tactics,
+// checked without a GPU.
 #include <algorithm>
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -19,13 +19,13 @@ sd::TensorRef weight(int64_t n, int64_t k, uintptr_t address = 0x10000) {
   return sd::TensorRef::contiguous(reinterpret_cast<void*>(address), sd::DType::bf16, {n, k}, 0);
 }
 
-std::string reason(const sd::TensorRef& w, const sd::UnpoolerTactic& t) {
+std::string reason(const sd::TensorRef& w, const sd::SplitKTactic& t) {
   auto r = sd::Unpooler::unsupported(w, t);
   return r ? *r : std::string("<supported>");
 }
 
-sd::UnpoolerTactic tactic(int s, int kw, int accs) {
-  sd::UnpoolerTactic t;
+sd::SplitKTactic tactic(int s, int kw, int accs) {
+  sd::SplitKTactic t;
   t.splits = s;
   t.kw = kw;
   t.accs = accs;
@@ -129,28 +129,23 @@ TEST(UnpoolerValidation, RowTilesReasons) {
             "than 232448");
 }
 
-TEST(UnpoolerTactics, TableRowsAreValidAndDistinct) {
-  const auto& table = sd::unpooler_tactic_table();
-  // Every tp's unpooler shape [H/tp, P] and pooler GEMM shape [P/tp, H]
-  // (the Pooler's MMA engine) has a measured row.
-  ASSERT_EQ(table.size(), 8u);
-  const auto listed = [&](int n, int k) {
-    return std::any_of(table.begin(), table.end(), [&](const auto& e) { return e.n == n && e.k == k; });
-  };
+TEST(UnpoolerTactics, TheModelShapesRunThePlanTablesTactics) {
+  // Every tp's unpooler shape [H/tp, P] and pooler GEMM shape [P/tp, H] (the
+  // split-K engine at tp >= 2) has a valid tactic from the plan table's rows
+  // (tests/cpu/test_plan.cpp checks the rows themselves).
   for (int tp : sd::kTensorParallelSizes) {
-    EXPECT_TRUE(listed(sd::kMuseSpark.hidden / tp, sd::kMuseSpark.pooled)) << "unpooler tp " << tp;
-    EXPECT_TRUE(listed(sd::kMuseSpark.pooled / tp, sd::kMuseSpark.hidden)) << "pooler tp " << tp;
+    const int un = sd::kMuseSpark.hidden / tp, pn = sd::kMuseSpark.pooled / tp;
+    const auto u = sd::unpooler_tactic(un, sd::kMuseSpark.pooled);
+    EXPECT_EQ(u, sd::splitk_tactic(sd::PlanOp::unpooler, un, sd::kMuseSpark.pooled));
+    EXPECT_FALSE(sd::launch_unsupported(un, sd::kMuseSpark.pooled, u)) << "unpooler tp " << tp;
+    const auto* row = sd::plan_row(sd::PlanOp::unpooler, tp, 1);
+    ASSERT_NE(row, nullptr);
+    EXPECT_EQ(u.splits, row->splits);
+    EXPECT_EQ(u.kw, row->kw);
+    EXPECT_EQ(u.accs, row->accs);
+    const auto p = sd::splitk_tactic(sd::PlanOp::pooler, pn, sd::kMuseSpark.hidden);
+    EXPECT_FALSE(sd::launch_unsupported(pn, sd::kMuseSpark.hidden, p)) << "pooler tp " << tp;
   }
-  for (size_t i = 0; i < table.size(); ++i) {
-    const auto& e = table[i];
-    EXPECT_FALSE(sd::launch_unsupported(e.n, e.k, e.tactic)) << e.n << "x" << e.k;
-    EXPECT_EQ(sd::unpooler_tactic(e.n, e.k), e.tactic);
-    for (size_t j = 0; j < i; ++j) EXPECT_FALSE(table[j].n == e.n && table[j].k == e.k);
-  }
-  const std::string text = sd::format_unpooler_tactic_table();
-  for (const auto& e : table)
-    EXPECT_NE(text.find("N=" + std::to_string(e.n) + " K=" + std::to_string(e.k)), std::string::npos)
-        << text;
 }
 
 TEST(UnpoolerTactics, DefaultsAreValidForOtherShapes) {
@@ -189,13 +184,12 @@ TEST(UnpoolerValidation, ClusterBalanceIsPrintedOnlyWithClusters) {
   EXPECT_EQ(t.to_string(), "S=1 kw=64 accs=1 tile16_from_m=9");
   t.splits = 2;
   EXPECT_EQ(t.to_string(), "S=2 kw=64 accs=1 tile16_from_m=9 cluster_balance");
-  // Where it was measured faster (bench/results/unpooler_tune*_d8f8ee3): the
-  // unpooler at tp 1, 2 and 4 and the pooler GEMM's MMA engine at tp 1, 2
-  // and 4; not at tp 8.
+  // Where it was measured faster (the plan table): the unpooler at tp 1, 2
+  // and 4 and the pooler GEMM's split-K engine at tp 1, 2 and 4; not at tp 8.
   for (int n : {8192, 4096, 2048}) EXPECT_TRUE(sd::unpooler_tactic(n, 4096).cluster_balance) << n;
   EXPECT_FALSE(sd::unpooler_tactic(1024, 4096).cluster_balance);
-  for (int n : {4096, 2048, 1024}) EXPECT_TRUE(sd::unpooler_tactic(n, 8192).cluster_balance) << n;
-  EXPECT_FALSE(sd::unpooler_tactic(512, 8192).cluster_balance);
+  for (int n : {4096, 2048, 1024}) EXPECT_TRUE(sd::splitk_tactic(sd::PlanOp::pooler, n, 8192).cluster_balance) << n;
+  EXPECT_FALSE(sd::splitk_tactic(sd::PlanOp::pooler, 512, 8192).cluster_balance);
 }
 
 TEST(UnpoolerValidation, UnswizzledLoadsOnlyWhereCompiled) {

@@ -13,9 +13,22 @@
 
 #include "spark_decode/error.h"
 #include "spark_decode/group.h"
+#include "spark_decode/mailbox.h"
 #include "test_seed.h"
 
 namespace spark_decode::testing {
+
+// Where a mailbox's data and state words lie in its allocation (the rest is
+// guard filler): byte offsets from memory().local().
+struct MailboxRegions {
+  size_t data_begin, data_end, state_begin, state_end;
+};
+inline MailboxRegions regions_of(const LamportMailbox& mb) {
+  const char* base = static_cast<const char*>(mb.memory().local());
+  const size_t data = reinterpret_cast<const char*>(mb.view().local) - base;
+  const size_t state = reinterpret_cast<const char*>(mb.view().state) - base;
+  return {data, data + size_t(3) * mb.tp() * mb.capacity() * mb.width() * 2, state, state + 8};
+}
 
 // Why the GPU tests cannot run here ("" when they can): no device, or none
 // of compute capability 9.0+.

@@ -81,8 +81,7 @@ inline void check_copy(const LamportMailbox& mb, int64_t k, int64_t payload_call
   const size_t bytes = mb.memory().bytes();
   std::vector<uint8_t> raw(bytes);
   CUDA_CHECK(cudaMemcpy(raw.data(), mb.memory().local(), bytes, cudaMemcpyDeviceToHost));
-  const size_t data_begin = mb.data_offset(), data_end = data_begin + size_t(3) * tp * cap * width * 2;
-  const size_t state_begin = mb.state_offset(), state_end = state_begin + 8;
+  const auto [data_begin, data_end, state_begin, state_end] = regions_of(mb);
   for (size_t i = 0; i < bytes; ++i) {
     if ((i >= data_begin && i < data_end) || (i >= state_begin && i < state_end)) continue;
     MB_REQUIRE(raw[i] == kMailboxGuardByte, "call ", k, ": byte ", i, " of the allocation (data [",
@@ -132,7 +131,6 @@ inline void payloads_arrive_bit_for_bit(Group& group, int device, int width, uin
     LamportMailbox::PublishOptions po;
     po.threads = threads[k % 4];
     po.enable_pdl = k % 2 == 0;
-    po.release_before_store = k % 3 == 1;
     LamportMailbox::GatherOptions go;
     go.threads = threads[(k + 1) % 4];
     go.enable_pdl = k % 5 != 2;
@@ -185,7 +183,7 @@ inline void many_calls_random_rows(Group& group, int device, int width, int call
   const std::string guards = src.check_guards() + out.check_guards();
   MB_REQUIRE(guards.empty(), guards);
   int32_t state[2];
-  CUDA_CHECK(cudaMemcpy(state, mb.stage_state(), 8, cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpy(state, mb.view().state, 8, cudaMemcpyDeviceToHost));
   const uint32_t next = (uint32_t(calls % 3) << 16) | uint32_t(rows[calls - 1]);
   MB_REQUIRE(uint32_t(state[0]) == next, "NEXT after ", calls, " calls: 0x", std::hex, state[0],
              " want 0x", next);
@@ -243,7 +241,7 @@ inline void graph_replays(Group& group, int device, int width, int per_graph, in
   const std::string guards = src.check_guards() + out.check_guards();
   MB_REQUIRE(guards.empty(), guards);
   int32_t state[2];
-  CUDA_CHECK(cudaMemcpy(state, mb.stage_state(), 8, cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpy(state, mb.view().state, 8, cudaMemcpyDeviceToHost));
   const int64_t total = 1 + int64_t(replays) * per_graph;  // warm-up included
   const uint32_t next = (uint32_t(total % 3) << 16) | uint32_t(rows[per_graph - 1]);
   MB_REQUIRE(uint32_t(state[0]) == next, "NEXT after ", total, " calls: 0x", std::hex, state[0],

@@ -187,9 +187,9 @@ class TestStream {
 inline void check_mailbox_guards(const LamportMailbox& mb) {
   const size_t bytes = mb.memory().bytes();
   const auto raw = download<uint8_t>(mb.memory().local(), bytes);
-  const size_t data_end = mb.data_offset() + mb.copy_bytes(), state_end = mb.state_offset() + 8;
+  const auto [data_begin, data_end, state_begin, state_end] = regions_of(mb);
   for (size_t i = 0; i < bytes; ++i) {
-    if ((i >= mb.data_offset() && i < data_end) || (i >= mb.state_offset() && i < state_end)) continue;
+    if ((i >= data_begin && i < data_end) || (i >= state_begin && i < state_end)) continue;
     POOLER_REQUIRE(raw[i] == kMailboxGuardByte, "mailbox allocation byte ", i, " outside data and state changed");
   }
 }

@@ -53,7 +53,7 @@ TEST(Mailbox, RefusesBadArgumentsBeforeLaunching) {
     EXPECT_THROW(mb.publish(src.get(), 0, nullptr), sd::InvalidArgument);
     EXPECT_THROW(mb.gather(out.get(), 5, nullptr), sd::InvalidArgument);
     EXPECT_THROW(mb.publish(static_cast<char*>(src.get()) + 2, 1, nullptr), sd::InvalidArgument);
-    EXPECT_THROW(mb.gather(mb.local(), 1, nullptr), sd::InvalidArgument);  // out inside the mailbox
+    EXPECT_THROW(mb.gather(mb.view().local, 1, nullptr), sd::InvalidArgument);  // out inside the mailbox
     sd::LamportMailbox::PublishOptions po;
     po.threads = 48;
     EXPECT_THROW(mb.publish(src.get(), 1, nullptr, po), sd::InvalidArgument);
@@ -65,11 +65,12 @@ TEST(Mailbox, RefusesBadArgumentsBeforeLaunching) {
     // sentinel (check_copy of "call -1" would not fit; check directly).
     CUDA_CHECK(cudaDeviceSynchronize());
     int32_t state[2];
-    CUDA_CHECK(cudaMemcpy(state, mb.stage_state(), 8, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(state, mb.view().state, 8, cudaMemcpyDeviceToHost));
     EXPECT_EQ(state[0], 0);
     EXPECT_EQ(state[1], 0);
-    std::vector<uint16_t> data(mb.copy_bytes() / 2);
-    CUDA_CHECK(cudaMemcpy(data.data(), mb.local(), mb.copy_bytes(), cudaMemcpyDeviceToHost));
+    const auto regions = sd::testing::regions_of(mb);
+    std::vector<uint16_t> data((regions.data_end - regions.data_begin) / 2);
+    CUDA_CHECK(cudaMemcpy(data.data(), mb.view().local, data.size() * 2, cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < data.size(); ++i) ASSERT_EQ(data[i], 0x8000) << i;
   });
   for (const auto& f : failures) ADD_FAILURE() << f;

@@ -37,7 +37,7 @@ struct Shared {
 void pooler_steps(sd::Group& group, int device, int pooled, int steps, const std::vector<int>& batches,
                   std::optional<sd::PoolerGemmChoice> gemm, bool pdl, uint64_t seed, Shared& shared) {
   const int tp = group.size(), rank = group.rank(), H = sd::kMuseSpark.hidden, L = sd::kMuseSpark.layers;
-  const int shard = pooled / tp, cap = sd::kMuseSpark.max_batch;
+  const int shard = pooled / tp, cap = sd::kMaxBatch;
   // Weights: W_full [P, H] per layer (this rank keeps its rows), norm
   // weights, global scales; all a function of (seed, layer).
   DeviceBuffer w(size_t(L) * shard * H * 2), nw(size_t(L) * pooled * 2), gs(size_t(L) * 4);
@@ -218,17 +218,14 @@ TEST(Pooler, SixtyTwoLayersPdlOffOneGpu) {
 }
 
 // The ring engine, which the table takes at tp 1 for every b but only at the
-// model's shape: forced here at the small one, both splits, both token tiles
-// (8 and 16, x staged at 16), through run (its fused publish) and project +
-// publish + gather, graphs and eager.
+// model's shape: forced here at the small one, both token tiles (8 and 16, x
+// staged at 16), through run (its fused publish) and project + publish +
+// gather, graphs and eager.
 TEST(Pooler, SixtyTwoLayersRingEngineOneGpu) {
   SKIP_WITHOUT_GPU(1);
-  for (int split : {1, 2}) {
-    sd::PoolerGemmChoice ring;
-    ring.engine = sd::PoolerGemmEngine::ring;
-    ring.ring_split = split;
-    run(1, 1, 512, 12, {1, 5, 9, 16}, ring);
-  }
+  sd::PoolerGemmChoice ring;
+  ring.engine = sd::GemmEngine::ring_mma;
+  run(1, 1, 512, 12, {1, 5, 9, 16}, ring);
 }
 
 TEST(Pooler, SixtyTwoLayersSmallShapeTwoGpus) {
@@ -241,7 +238,7 @@ TEST(Pooler, SixtyTwoLayersMmaEngineTwoGpus) {
   const std::string why = peer_gpus_unavailable_reason(2);
   if (!why.empty()) GTEST_SKIP() << why;
   sd::PoolerGemmChoice mma;
-  mma.engine = sd::PoolerGemmEngine::mma;
+  mma.engine = sd::GemmEngine::splitk_mma;
   run(2, 2, 512, 12, {4, 16}, mma);
 }
 

@@ -49,7 +49,7 @@ template <typename Fn>
 void for_each_call(int rows, uint64_t seed, Fn fn) {
   std::mt19937_64 g(seed);
   for (int off = 0; off < rows;) {
-    const int b = std::min<int>(1 + int(g() % sd::kPoolerMaxBatch), rows - off);
+    const int b = std::min<int>(1 + int(g() % sd::kMaxBatch), rows - off);
     fn(off, b);
     off += b;
   }
@@ -60,7 +60,7 @@ void fused_equals_stock(sd::Group& group, int device, int chunks, uint64_t seed)
   const int R = kChunkRows;
   sd::LamportMailbox::Options mo;
   mo.guard_bytes = 4096;
-  sd::LamportMailbox mb(group, tp, rank, sd::kPoolerMaxBatch, width, device, mo);
+  sd::LamportMailbox mb(group, tp, rank, sd::kMaxBatch, width, device, mo);
   TestStream stream;
   DeviceBuffer full(size_t(R) * cols * 2), normed(size_t(R) * cols * 2), block(size_t(R) * width * 2), w(cols * 2),
       gs(4);
@@ -130,7 +130,7 @@ void fused_equals_stock(sd::Group& group, int device, int chunks, uint64_t seed)
 void edge_equals_stock_but_sign_of_zero(sd::Group& group, int device, uint64_t seed) {
   const int tp = group.size(), rank = group.rank(), cols = sd::kMuseSpark.pooled, width = cols / tp;
   const int R = kChunkRows / 4;
-  sd::LamportMailbox mb(group, tp, rank, sd::kPoolerMaxBatch, width, device);
+  sd::LamportMailbox mb(group, tp, rank, sd::kMaxBatch, width, device);
   TestStream stream;
   const auto rows = random_rows(R, cols, seed);
   const auto weight = normal_bf16(cols, seed + 1, 0.3f);
@@ -189,7 +189,7 @@ bool throws_invalid(Fn fn) {
 // shape instead (engines that cannot serve it are skipped).
 void gemm_publish_equals_run_plus_publish(sd::Group& group, int device, uint64_t seed, int shard_n = 0,
                                           int shard_k = 0) {
-  const int tp = group.size(), rank = group.rank(), M = sd::kPoolerMaxBatch;
+  const int tp = group.size(), rank = group.rank(), M = sd::kMaxBatch;
   const int n = shard_n > 0 ? shard_n : sd::kMuseSpark.pooled / tp;
   const int k = shard_k > 0 ? shard_k : sd::kMuseSpark.hidden;
   std::mt19937_64 gen(seed * 31 + rank);
@@ -296,15 +296,15 @@ TEST(PoolerGemmPublish, FusedEqualsRunPlusPublishOneGpu) {
     ADD_FAILURE() << f;
 }
 
-// The ring engine's fused publish where a CTA (or cluster) owns several
-// tiles (the model shards give each one): N = 64 (2 SMs + 7), K = 2048
-// (2 stages per warp and tile at either split).
+// The ring engine's fused publish where a CTA owns several tiles (the model
+// shards give each one): N = 32 (2 SMs + 7), K = 2048 (2 stages per warp
+// and tile).
 TEST(PoolerGemmPublish, FusedEqualsRunPlusPublishSeveralTilesPerCta) {
   SKIP_WITHOUT_GPU(1);
   const uint64_t seed = test_seed("gemm publish tiles");
   int sms = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const int n = sd::pooler_ring_rows(2) * (2 * sms + 7), k = 2 * sd::pooler_ring_k_multiple(2);
+  const int n = sd::kRingRows * (2 * sms + 7), k = 2 * sd::kRingKMultiple;
   for (const auto& f :
        run_on_gpus(1, [&](sd::Group& g, int d) { gemm_publish_equals_run_plus_publish(g, d, seed, n, k); }))
     ADD_FAILURE() << f;

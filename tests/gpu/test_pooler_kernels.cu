@@ -199,7 +199,7 @@ namespace {
 template <typename Run>
 void gemm_checks(const std::string& what, const std::vector<int>& ms, int n, int k, Dist dist, uint64_t seed,
                  Run run) {
-  const int M = sd::kPoolerMaxBatch;
+  const int M = sd::kMaxBatch;
   POOLER_REQUIRE(!ms.empty() && ms.front() == 1, what, " serves no batch at n ", n, " k ", k);
   // normal: small weights as in the model; the others from random_bf16
   // (outliers, -0.0 / subnormal mixes, x large and w small for scaled).
@@ -257,7 +257,7 @@ void gemm_checks(const std::string& what, const std::vector<int>& ms, int n, int
 
 std::vector<int> all_batches() {
   std::vector<int> ms;
-  for (int m = 1; m <= sd::kPoolerMaxBatch; ++m) ms.push_back(m);
+  for (int m = 1; m <= sd::kMaxBatch; ++m) ms.push_back(m);
   return ms;
 }
 
@@ -283,22 +283,20 @@ TEST(PoolerGemm, EverySkinnyShapeIsAccurateReproducibleAndBatchInvariant) {
   }
 }
 
-// The ring engine where a CTA (split 1) or cluster (split 2) streams several
-// tiles back to back (tiles over at most one CTA per SM), with fewer stages
-// per warp than its ring is deep (K = 1024: one stage per tile), several
-// (3072) and many (8192): every distribution, every batch, through
-// PoolerGemm as the Pooler uses it.
+// The ring engine where a CTA streams several tiles back to back (tiles over
+// at most one CTA per SM), with fewer stages per warp than its ring is deep
+// (K = 1024: one stage per tile), several (3072) and many (8192): every
+// distribution, every batch, through PoolerGemm as the Pooler uses it.
 TEST(PoolerGemm, RingEngineOverSeveralTilesPerCta) {
   SKIP_WITHOUT_GPU(1);
   const uint64_t seed = test_seed("pooler gemm ring");
   int sms = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  for (int split : {1, 2}) {
-    const sd::PoolerGemmChoice ring{sd::PoolerGemmEngine::ring, {}, split};
-    const int rows = sd::pooler_ring_rows(split), km = sd::pooler_ring_k_multiple(split);
-    // Tiles: 2 or 3 per CTA or cluster (at most SMs / split clusters fit),
-    // more, and fewer than there are SMs.
-    for (auto [n, k] : {std::pair{rows * (2 * sms / split + 7), km}, {rows * (sms + 3), 3 * km}, {rows * 5, 8192}})
+  {
+    const sd::PoolerGemmChoice ring{sd::GemmEngine::ring_mma, {}};
+    const int rows = sd::kRingRows, km = sd::kRingKMultiple;
+    // Tiles: 2 or 3 per CTA, more, and fewer than there are SMs.
+    for (auto [n, k] : {std::pair{rows * (2 * sms + 7), km}, {rows * (sms + 3), 3 * km}, {rows * 5, 8192}})
       for (Dist dist : kAllDists) {
         try {
           // One PoolerGemm per weight (the buffer gemm_checks uploads), made on
@@ -329,7 +327,7 @@ TEST(PoolerGemm, RingEngineOverSeveralTilesPerCta) {
 TEST(PoolerGemm, TableAndEveryEngineAtTheModelShape) {
   SKIP_WITHOUT_GPU(1);
   const uint64_t seed = test_seed("pooler gemm model shape");
-  const int tp = 2, n = sd::kMuseSpark.pooled / tp, k = sd::kMuseSpark.hidden, M = sd::kPoolerMaxBatch;
+  const int tp = 2, n = sd::kMuseSpark.pooled / tp, k = sd::kMuseSpark.hidden, M = sd::kMaxBatch;
   const auto w = normal_bf16(size_t(n) * k, seed, 0.05f);
   const auto x = normal_bf16(size_t(M) * k, seed + 1);
   DeviceBuffer dw(w.size() * 2), dx(x.size() * 2);
@@ -384,7 +382,7 @@ TEST(PoolerGemm, TableAndEveryEngineAtTheModelShape) {
 TEST(PoolerGemm, PdlChainEqualsPlainChain) {
   SKIP_WITHOUT_GPU(1);
   const uint64_t seed = test_seed("pooler gemm pdl chain");
-  const int n = sd::kMuseSpark.hidden, k = n, M = sd::kPoolerMaxBatch, chain = 10;
+  const int n = sd::kMuseSpark.hidden, k = n, M = sd::kMaxBatch, chain = 10;
   const auto w = normal_bf16(size_t(n) * k, seed, 0.011f);
   const auto x = normal_bf16(size_t(M) * k, seed + 1);
   DeviceBuffer dw(w.size() * 2), dx(x.size() * 2), links(size_t(M) * n * 2 * chain);

@@ -32,6 +32,23 @@ std::vector<Shape> model_shapes() {
 }
 const Shape kSmallShapes[] = {{16, 256}, {48, 256}, {64, 1024}};
 
+// Every model shape the split-K engine serves, with the plan table's tactic:
+// the unpooler's [H/tp, P] and the pooler GEMM's [P/tp, H].
+struct TableShape {
+  int n, k;
+  sd::SplitKTactic tactic;
+  bool unpooler;
+};
+std::vector<TableShape> table_shapes() {
+  std::vector<TableShape> s;
+  for (int tp : sd::kTensorParallelSizes) {
+    const int un = sd::kMuseSpark.hidden / tp, pn = sd::kMuseSpark.pooled / tp;
+    s.push_back({un, sd::kMuseSpark.pooled, sd::splitk_tactic(sd::PlanOp::unpooler, un, sd::kMuseSpark.pooled), true});
+    s.push_back({pn, sd::kMuseSpark.hidden, sd::splitk_tactic(sd::PlanOp::pooler, pn, sd::kMuseSpark.hidden), false});
+  }
+  return s;
+}
+
 // The FP64 reference of x[m, k] @ w[n, k]^T, row blocks of w over threads.
 struct Reference {
   std::vector<double> exact, magnitude;
@@ -105,12 +122,12 @@ struct Problem {
   Problem(int n_, int k_, Dist dist)
       : n(n_), k(k_),
         w(static_cast<size_t>(n_) * k_ * 2),
-        x(static_cast<size_t>(sd::kUnpoolerMaxM) * k_ * 2),
-        out(static_cast<size_t>(sd::kUnpoolerMaxM) * n_ * 2) {
+        x(static_cast<size_t>(sd::kMaxBatch) * k_ * 2),
+        out(static_cast<size_t>(sd::kMaxBatch) * n_ * 2) {
     // Scaled: x large, w small, so that neither the products nor the sums
     // leave FP32's normal range.
     hw = random_bf16(static_cast<size_t>(n) * k, dist, dist == Dist::scaled ? -30 : 0);
-    hx = random_bf16(static_cast<size_t>(sd::kUnpoolerMaxM) * k, dist, dist == Dist::scaled ? 20 : 0);
+    hx = random_bf16(static_cast<size_t>(sd::kMaxBatch) * k, dist, dist == Dist::scaled ? 20 : 0);
     w.upload(hw.data(), hw.size() * 2);
     x.upload(hx.data(), hx.size() * 2);
   }
@@ -125,22 +142,22 @@ struct Problem {
 };
 
 // Every m in 1..16 against the reference, every element, guards intact.
-void check_all_m(int n, int k, Dist dist, const sd::UnpoolerTactic* tactic = nullptr) {
+void check_all_m(int n, int k, Dist dist, const sd::SplitKTactic* tactic = nullptr) {
   Problem p(n, k, dist);
   sd::Unpooler::Options opt;
   if (tactic) opt.tactic = *tactic;
   sd::Unpooler u(weight_ref(p.w.get(), n, k), opt);
   // Rows are independent, so the reference of all 16 rows serves every m.
-  const Reference ref = reference(p.hx, p.hw, sd::kUnpoolerMaxM, n, k);
+  const Reference ref = reference(p.hx, p.hw, sd::kMaxBatch, n, k);
   double worst = 0;
-  for (int m = 1; m <= sd::kUnpoolerMaxM; ++m) {
+  for (int m = 1; m <= sd::kMaxBatch; ++m) {
     const auto out = p.run(u, m);
     const Check c = check_rows(out, ref, m, n, k);
     worst = std::max(worst, c.worst_ratio);
     ASSERT_EQ(c.bad, 0) << n << "x" << k << " " << dist_name(dist) << " m=" << m << " tactic "
                         << u.tactic().to_string() << ": " << c.bad << " bad, first " << c.first;
     // Rows past m stay poisoned: the kernel wrote no more than m rows.
-    std::vector<uint16_t> all(static_cast<size_t>(sd::kUnpoolerMaxM) * n);
+    std::vector<uint16_t> all(static_cast<size_t>(sd::kMaxBatch) * n);
     p.out.download(all.data(), all.size() * 2);
     for (size_t i = static_cast<size_t>(m) * n; i < all.size(); ++i)
       ASSERT_EQ(all[i], kPoisonBf16) << "m=" << m << " wrote past row m at element " << i;
@@ -171,11 +188,11 @@ TEST(UnpoolerGpu, EveryCompiledVariant) {
   const int n = 96, k = 2048;
   int tested = 0, tested_two_rows = 0, tested_unswizzled = 0;
   for (int s : {1, 2, 4, 8})
-    for (int kw : sd::kUnpoolerKws)
+    for (int kw : sd::kSplitKKws)
       for (int accs : {1, 2, 4})
-        for (int rows : sd::kUnpoolerRowTiles)
+        for (int rows : sd::kSplitKRowTiles)
           for (bool swizzle : {true, false}) {
-            sd::UnpoolerTactic t;
+            sd::SplitKTactic t;
             t.splits = s;
             t.kw = kw;
             t.accs = accs;
@@ -200,11 +217,11 @@ TEST(UnpoolerGpu, EveryCompiledVariant) {
 // split; kw = 256, accs = 1, where both compile).
 TEST(UnpoolerGpu, RowSwizzleGivesTheSameBits) {
   SKIP_WITHOUT_GPU(1);
-  auto compare = [](int n, int k, sd::UnpoolerTactic t) {
+  auto compare = [](int n, int k, sd::SplitKTactic t) {
     Problem p(n, k, Dist::outliers);
-    t.kw = sd::kUnpoolerUnswizzledKw;
-    t.accs = sd::kUnpoolerUnswizzledAccs;
-    sd::UnpoolerTactic plain = t;
+    t.kw = sd::kSplitKUnswizzledKw;
+    t.accs = sd::kSplitKUnswizzledAccs;
+    sd::SplitKTactic plain = t;
     t.row_swizzle = true;
     plain.row_swizzle = false;
     if (sd::launch_unsupported(n, k, t) || sd::launch_unsupported(n, k, plain)) return false;
@@ -212,7 +229,7 @@ TEST(UnpoolerGpu, RowSwizzleGivesTheSameBits) {
     o1.tactic = t;
     o2.tactic = plain;
     sd::Unpooler u1(weight_ref(p.w.get(), n, k), o1), u2(weight_ref(p.w.get(), n, k), o2);
-    for (int m = 1; m <= sd::kUnpoolerMaxM; ++m) {
+    for (int m = 1; m <= sd::kMaxBatch; ++m) {
       const auto a = p.run(u1, m);
       EXPECT_EQ(p.out.check_guards(), "");
       const auto b = p.run(u2, m);
@@ -226,16 +243,16 @@ TEST(UnpoolerGpu, RowSwizzleGivesTheSameBits) {
   int compared = 0;
   for (int k : {256, 512, 1024, 2048})
     for (int s : {1, 2, 4, 8})
-      for (int rows : sd::kUnpoolerRowTiles) {
-        sd::UnpoolerTactic t;
+      for (int rows : sd::kSplitKRowTiles) {
+        sd::SplitKTactic t;
         t.splits = s;
         t.row_tiles.fill(rows);
         compared += compare(96, k, t);
       }
   EXPECT_GE(compared, 12);
   int table_compared = 0;
-  for (const auto& e : sd::unpooler_tactic_table()) table_compared += compare(e.n, e.k, e.tactic);
-  EXPECT_EQ(table_compared, static_cast<int>(sd::unpooler_tactic_table().size()));
+  for (const auto& e : table_shapes()) table_compared += compare(e.n, e.k, e.tactic);
+  EXPECT_EQ(table_compared, static_cast<int>(table_shapes().size()));
 }
 
 // Row tiles per CTA change which CTA computes a row, not how: every
@@ -249,20 +266,20 @@ TEST(UnpoolerGpu, RowTilesGiveTheSameBits) {
     Problem p(n, k, Dist::outliers);
     int compared = 0;
     for (int s : {1, 2, 4, 8})
-      for (int kw : sd::kUnpoolerKws)
+      for (int kw : sd::kSplitKKws)
         for (int accs : {1, 2}) {
-          sd::UnpoolerTactic one;
+          sd::SplitKTactic one;
           one.splits = s;
           one.kw = kw;
           one.accs = accs;
-          sd::UnpoolerTactic two = one;
+          sd::SplitKTactic two = one;
           two.row_tiles.fill(2);
           if (sd::launch_unsupported(n, k, two)) continue;
           sd::Unpooler::Options o1, o2;
           o1.tactic = one;
           o2.tactic = two;
           sd::Unpooler u1(weight_ref(p.w.get(), n, k), o1), u2(weight_ref(p.w.get(), n, k), o2);
-          for (int m = 1; m <= sd::kUnpoolerMaxM; ++m) {
+          for (int m = 1; m <= sd::kMaxBatch; ++m) {
             const auto a = p.run(u1, m), b = p.run(u2, m);
             ASSERT_EQ(p.out.check_guards(), "");
             ASSERT_EQ(std::count(b.begin(), b.end(), kPoisonBf16), 0) << two.to_string() << " m=" << m;
@@ -273,8 +290,8 @@ TEST(UnpoolerGpu, RowTilesGiveTheSameBits) {
     EXPECT_GE(compared, 12);
   }
   int table_compared = 0;
-  for (const auto& e : sd::unpooler_tactic_table()) {
-    sd::UnpoolerTactic one = e.tactic;
+  for (const auto& e : table_shapes()) {
+    sd::SplitKTactic one = e.tactic;
     one.accs = std::min(one.accs, 2);  // every R compiles at accs <= 2
     one.row_tiles.fill(1);
     Problem p(e.n, e.k, Dist::outliers);
@@ -282,13 +299,13 @@ TEST(UnpoolerGpu, RowTilesGiveTheSameBits) {
     o1.tactic = one;
     sd::Unpooler u1(weight_ref(p.w.get(), e.n, e.k), o1);
     std::vector<std::vector<uint16_t>> want;
-    for (int m = 1; m <= sd::kUnpoolerMaxM; ++m) {
+    for (int m = 1; m <= sd::kMaxBatch; ++m) {
       want.push_back(p.run(u1, m));
       ASSERT_EQ(p.out.check_guards(), "");
     }
-    for (int rows : sd::kUnpoolerRowTiles) {
+    for (int rows : sd::kSplitKRowTiles) {
       if (rows == 1) continue;
-      sd::UnpoolerTactic t = one;
+      sd::SplitKTactic t = one;
       t.row_tiles.fill(rows);
       if (auto why = sd::launch_unsupported(e.n, e.k, t)) {
         std::printf("  %dx%d: no %d-row-tile kernel (%s)\n", e.n, e.k, rows, why->c_str());
@@ -297,7 +314,7 @@ TEST(UnpoolerGpu, RowTilesGiveTheSameBits) {
       sd::Unpooler::Options o;
       o.tactic = t;
       sd::Unpooler u(weight_ref(p.w.get(), e.n, e.k), o);
-      for (int m = 1; m <= sd::kUnpoolerMaxM; ++m) {
+      for (int m = 1; m <= sd::kMaxBatch; ++m) {
         const auto got = p.run(u, m);
         ASSERT_EQ(p.out.check_guards(), "");
         ASSERT_EQ(std::count(got.begin(), got.end(), kPoisonBf16), 0) << e.n << "x" << e.k << " m=" << m;
@@ -309,12 +326,13 @@ TEST(UnpoolerGpu, RowTilesGiveTheSameBits) {
   }
   // Every table shape has a 2-row-tile kernel (N % 32 == 0 at the model's
   // shapes): a run that compared none would have tested nothing.
-  EXPECT_GE(table_compared, static_cast<int>(sd::unpooler_tactic_table().size()));
+  EXPECT_GE(table_compared, static_cast<int>(table_shapes().size()));
 }
 
 TEST(UnpoolerGpu, TableTacticsAreTheDefaults) {
   SKIP_WITHOUT_GPU(1);
-  for (const auto& e : sd::unpooler_tactic_table()) {
+  for (const auto& e : table_shapes()) {
+    if (!e.unpooler) continue;  // the pooler's shapes: its own tests
     GuardedBuffer w(static_cast<size_t>(e.n) * e.k * 2);
     sd::Unpooler u(weight_ref(w.get(), e.n, e.k));
     EXPECT_EQ(u.tactic(), e.tactic);
@@ -343,11 +361,11 @@ TEST(UnpoolerGpu, BatchInvariance) {
     Problem p(s.n, s.k, Dist::normal);
     sd::Unpooler u(weight_ref(p.w.get(), s.n, s.k));
     std::vector<std::vector<uint16_t>> alone;
-    for (int i = 0; i < sd::kUnpoolerMaxM; ++i) {
+    for (int i = 0; i < sd::kMaxBatch; ++i) {
       alone.push_back(p.run(u, 1, static_cast<const char*>(p.x.get()) + static_cast<size_t>(i) * s.k * 2));
       ASSERT_EQ(std::count(alone.back().begin(), alone.back().end(), kPoisonBf16), 0) << "row " << i << " alone";
     }
-    for (int m = 1; m <= sd::kUnpoolerMaxM; ++m) {
+    for (int m = 1; m <= sd::kMaxBatch; ++m) {
       const auto batch = p.run(u, m);
       for (int i = 0; i < m; ++i)
         ASSERT_TRUE(std::equal(alone[i].begin(), alone[i].end(), batch.begin() + static_cast<size_t>(i) * s.n))
@@ -396,7 +414,7 @@ TEST(UnpoolerGpu, PdlOnEqualsOff) {
   SKIP_WITHOUT_GPU(1);
   const int n = 4096, k = 4096, chain = 20;
   Problem p(n, k, Dist::normal);
-  const size_t rows = static_cast<size_t>(sd::kUnpoolerMaxM);
+  const size_t rows = static_cast<size_t>(sd::kMaxBatch);
   GuardedBuffer xs(rows * k * 2 * chain), ys(rows * n * 2 * chain), zs(rows * n * 2 * chain);
   const auto hx = random_bf16(rows * k * chain, Dist::normal);
   xs.upload(hx.data(), hx.size() * 2);
@@ -461,7 +479,7 @@ TEST(UnpoolerGpu, RunValidatesAndLaunchesNothingOnBadInput) {
   EXPECT_THROW(u.run(p.x.get(), p.x.get(), 1, nullptr), sd::InvalidArgument);
   EXPECT_THROW(u.run(p.x.get(), static_cast<char*>(p.x.get()) + 16, 1, nullptr), sd::InvalidArgument);
   CUDA_CHECK(cudaDeviceSynchronize());
-  std::vector<uint16_t> h(static_cast<size_t>(sd::kUnpoolerMaxM) * n);
+  std::vector<uint16_t> h(static_cast<size_t>(sd::kMaxBatch) * n);
   p.out.download(h.data(), h.size() * 2);
   EXPECT_EQ(std::count(h.begin(), h.end(), kPoisonBf16), static_cast<long>(h.size()))
       << "a refused call wrote output";
@@ -485,7 +503,7 @@ TEST(UnpoolerGpu, RunValidatesAndLaunchesNothingOnBadInput) {
   none.rows = std::vector<int>{};
   sd::Unpooler lazy(weight_ref(p.w.get(), n, k), none);
   for (int tile : {8, 16})
-    for (int r : sd::kUnpoolerRowTiles) EXPECT_FALSE(lazy.prepared(tile, r)) << tile << " x" << r;
+    for (int r : sd::kSplitKRowTiles) EXPECT_FALSE(lazy.prepared(tile, r)) << tile << " x" << r;
   EXPECT_NO_THROW(lazy.run(p.x.get(), p.out.get(), 1, stream));
   CUDA_CHECK(cudaStreamSynchronize(stream));
   EXPECT_TRUE(lazy.prepared(lazy.tactic().token_tile[0], lazy.tactic().row_tiles[0]));
@@ -496,7 +514,7 @@ TEST(UnpoolerGpu, FromMoeTakesThisRanksRows) {
   SKIP_WITHOUT_GPU(1);
   const int h = 256, k = 512, tp = 4;
   Problem full(h, k, Dist::normal);
-  GuardedBuffer out(static_cast<size_t>(sd::kUnpoolerMaxM) * h * 2);
+  GuardedBuffer out(static_cast<size_t>(sd::kMaxBatch) * h * 2);
   const int m = 3;
   // The full weight and every rank's rows at one tactic: a row's bits depend
   // on (K, S, kw, accs) only, so each rank's output must be its columns of

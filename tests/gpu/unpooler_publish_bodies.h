@@ -39,8 +39,8 @@ namespace spark_decode::testing::publish_tests {
 // A tactic for [96, 2048] whose CTAs are one warp (S = 8, kw = 256) with two
 // row tiles at every m: the zero-copy epilogue's 2 R m items wrap around the
 // block from m = 9 on.
-inline UnpoolerTactic one_warp_two_row_tiles() {
-  UnpoolerTactic t;
+inline SplitKTactic one_warp_two_row_tiles() {
+  SplitKTactic t;
   t.splits = 8;
   t.kw = 256;
   t.accs = 1;
@@ -56,11 +56,11 @@ struct Rank {
   cudaStream_t stream;
   Rank(Group& g, int n_, int k_, uint64_t seed)
       : rank(g.rank()), tp(g.size()), n(n_), k(k_),
-        w(size_t(n_) * k_ * 2), x(size_t(kMuseSpark.max_batch) * k_ * 2 * kInputs),
-        out(size_t(kMuseSpark.max_batch) * n_ * 2), gathered(size_t(kMuseSpark.max_batch) * n_ * g.size() * 2) {
+        w(size_t(n_) * k_ * 2), x(size_t(kMaxBatch) * k_ * 2 * kInputs),
+        out(size_t(kMaxBatch) * n_ * 2), gathered(size_t(kMaxBatch) * n_ * g.size() * 2) {
     std::mt19937_64 gen(seed * 7919 + rank);
     const auto hw = random_bf16(size_t(n) * k, Dist::outliers, 0, gen);
-    const auto hx = random_bf16(size_t(kMuseSpark.max_batch) * k * kInputs, Dist::specials, 0, gen);
+    const auto hx = random_bf16(size_t(kMaxBatch) * k * kInputs, Dist::specials, 0, gen);
     w.upload(hw.data(), hw.size() * 2);
     x.upload(hx.data(), hx.size() * 2);
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -69,7 +69,7 @@ struct Rank {
   // Call c's activations: consecutive calls differ, so a consumer that
   // returns an earlier call's rows is caught.
   const void* x_for(int call) const {
-    return static_cast<const char*>(x.get()) + size_t(kMuseSpark.max_batch) * k * 2 * (call % kInputs);
+    return static_cast<const char*>(x.get()) + size_t(kMaxBatch) * k * 2 * (call % kInputs);
   }
   TensorRef weight() const {
     return TensorRef::contiguous(w.get(), DType::bf16, {n, k}, rank_device());
@@ -110,7 +110,7 @@ struct ZeroCopyRank {
   Unpooler u;
   ZeroCopyRank(Group& g, int n, int k, uint64_t seed)
       : r(g, n, k, seed),
-        mb(g, g.size(), g.rank(), kMuseSpark.max_batch, n, Rank::rank_device()),
+        mb(g, g.size(), g.rank(), kMaxBatch, n, Rank::rank_device()),
         u(r.weight(), with_mailbox(mb)) {}
   static Unpooler::Options with_mailbox(LamportMailbox& mailbox) {
     Unpooler::Options o;
@@ -124,24 +124,24 @@ struct ZeroCopyRank {
 // the same gathered rows, which are every rank's y.
 // `tactic`: both Unpoolers' (default: the table's).
 inline void zero_copy_equals_publish(Group& g, int n, int k, uint64_t seed,
-                                     std::optional<UnpoolerTactic> tactic = std::nullopt) {
+                                     std::optional<SplitKTactic> tactic = std::nullopt) {
   const int rank = g.rank(), tp = g.size(), dev = Rank::rank_device();
   Rank r(g, n, k, seed);
   // Guard bytes around both mailboxes' data and state, compared with the
   // rest below: the zero-copy epilogue must leave them as publish() does.
   LamportMailbox::Options guarded;
   guarded.guard_bytes = 4096;
-  LamportMailbox a(g, tp, rank, kMuseSpark.max_batch, n, dev, guarded),
-      b(g, tp, rank, kMuseSpark.max_batch, n, dev, guarded);
+  LamportMailbox a(g, tp, rank, kMaxBatch, n, dev, guarded),
+      b(g, tp, rank, kMaxBatch, n, dev, guarded);
   Unpooler::Options zc, po;
   zc.mailbox = &a;
   zc.tactic = po.tactic = tactic;
   Unpooler zero_copy(r.weight(), zc), plain(r.weight(), po);
-  ZC_REQUIRE(zero_copy.max_m() == kMuseSpark.max_batch, "max_m ", zero_copy.max_m());
-  GuardedBuffer out_b(size_t(kMuseSpark.max_batch) * n * 2), gathered_b(size_t(kMuseSpark.max_batch) * n * tp * 2);
+  ZC_REQUIRE(zero_copy.max_m() == kMaxBatch, "max_m ", zero_copy.max_m());
+  GuardedBuffer out_b(size_t(kMaxBatch) * n * 2), gathered_b(size_t(kMaxBatch) * n * tp * 2);
   std::mt19937_64 order(seed);
   std::vector<int> ms;
-  for (int m = 1; m <= kMuseSpark.max_batch; ++m) ms.push_back(m);
+  for (int m = 1; m <= kMaxBatch; ++m) ms.push_back(m);
   std::shuffle(ms.begin(), ms.end(), order);  // the same order on every rank
   for (int m : ms) {
     poison_bf16(r.out);
@@ -152,8 +152,8 @@ inline void zero_copy_equals_publish(Group& g, int n, int k, uint64_t seed,
     a.synchronize(r.stream);
     if (std::getenv("SPARK_TEST_TRACE")) {
       int32_t sa[2], sb[2];
-      CUDA_CHECK(cudaMemcpy(sa, a.stage_state(), 8, cudaMemcpyDeviceToHost));
-      CUDA_CHECK(cudaMemcpy(sb, b.stage_state(), 8, cudaMemcpyDeviceToHost));
+      CUDA_CHECK(cudaMemcpy(sa, a.view().state, 8, cudaMemcpyDeviceToHost));
+      CUDA_CHECK(cudaMemcpy(sb, b.view().state, 8, cudaMemcpyDeviceToHost));
       std::printf("[zero-copy trace] tp %d rank %d dev %d m %d: A next 0x%x active 0x%x, B next 0x%x active 0x%x\n",
                   tp, rank, dev, m, sa[0], sa[1], sb[0], sb[1]);
     }
@@ -208,9 +208,9 @@ inline void consecutive_boundaries(Group& g, int n, int k, int calls, int check_
   LamportMailbox& mb = z.mb;
   Unpooler& u = z.u;
   Unpooler plain(r.weight());
-  GuardedBuffer plain_out(size_t(kMuseSpark.max_batch) * n * 2);
+  GuardedBuffer plain_out(size_t(kMaxBatch) * n * 2);
   std::mt19937_64 draw(seed);
-  std::uniform_int_distribution<int> pick(1, kMuseSpark.max_batch);
+  std::uniform_int_distribution<int> pick(1, kMaxBatch);
   for (int call = 0; call < calls; ++call) {
     const int m = pick(draw);
     const bool check = call % check_every == check_every - 1 || call == calls - 1;
@@ -244,7 +244,7 @@ __global__ static void advance_ticket(int32_t* ticket, const int32_t* state) {
 inline void ticket_mode(Group& g, int n, int k, int calls, int check_every, uint64_t seed) {
   const int rank = g.rank(), tp = g.size(), dev = Rank::rank_device();
   Rank r(g, n, k, seed);
-  LamportMailbox mb(g, tp, rank, kMuseSpark.max_batch, n, dev);
+  LamportMailbox mb(g, tp, rank, kMaxBatch, n, dev);
   GuardedBuffer ticket(4, 256);
   ticket.fill(0);  // stage 0
   Unpooler::Options o;
@@ -252,10 +252,10 @@ inline void ticket_mode(Group& g, int n, int k, int calls, int check_every, uint
   o.ticket = TensorRef::contiguous(ticket.get(), DType::i32, {1}, dev);
   Unpooler u(r.weight(), o);
   Unpooler plain(r.weight());
-  GuardedBuffer plain_out(size_t(kMuseSpark.max_batch) * n * 2);
+  GuardedBuffer plain_out(size_t(kMaxBatch) * n * 2);
   std::mt19937_64 draw(seed);
-  std::uniform_int_distribution<int> pick(1, kMuseSpark.max_batch);
-  int32_t* const active = mb.stage_state() + 1;
+  std::uniform_int_distribution<int> pick(1, kMaxBatch);
+  int32_t* const active = mb.view().state + 1;
   for (int call = 0; call < calls; ++call) {
     const int m = pick(draw);
     const bool check = call % check_every == check_every - 1 || call == calls - 1;
@@ -273,10 +273,10 @@ inline void ticket_mode(Group& g, int n, int k, int calls, int check_every, uint
       mb.synchronize(r.stream);
       ZC_REQUIRE(seen == marker, "call ", call, ": the ticket-mode Unpooler wrote the stage word");
     }
-    ticket_to_active<<<1, 1, 0, r.stream>>>(static_cast<const int32_t*>(ticket.get()), mb.stage_state());
+    ticket_to_active<<<1, 1, 0, r.stream>>>(static_cast<const int32_t*>(ticket.get()), mb.view().state);
     CUDA_CHECK(cudaGetLastError());
     mb.gather(r.gathered.get(), m, r.stream);
-    advance_ticket<<<1, 1, 0, r.stream>>>(static_cast<int32_t*>(ticket.get()), mb.stage_state());
+    advance_ticket<<<1, 1, 0, r.stream>>>(static_cast<int32_t*>(ticket.get()), mb.view().state);
     CUDA_CHECK(cudaGetLastError());
     if (!check) continue;
     mb.synchronize(r.stream);
@@ -295,7 +295,7 @@ inline void ticket_mode(Group& g, int n, int k, int calls, int check_every, uint
 inline void graph_replay_equals_eager(Group& g, int n, int k, int replays, uint64_t seed) {
   const int rank = g.rank(), tp = g.size();
   constexpr int kCalls = 16;
-  const int cap = kMuseSpark.max_batch;
+  const int cap = kMaxBatch;
   ZeroCopyRank z(g, n, k, seed);
   Rank& r = z.r;
   LamportMailbox& mb = z.mb;

@@ -38,7 +38,7 @@ int main() {
   check(sd::launch_unsupported(8192, 4096, 3, 256, 2).has_value(), "S = 3 refused");
 
   // The tactic table is there and serves the model's largest shape.
-  const sd::UnpoolerTactic t = sd::unpooler_tactic(8192, 4096);
+  const sd::SplitKTactic t = sd::unpooler_tactic(8192, 4096);
   check(!sd::launch_unsupported(8192, 4096, t), "table tactic for [8192, 4096]: " + t.to_string());
   return failures == 0 ? 0 : 1;
 }

@@ -1,14 +1,3 @@
-# Rendezvous, symmetric memory and the Lamport mailbox (issue 3): sources
-# added to the library here. Owned by the mailbox work.
-find_package(Threads REQUIRED)
-target_sources(spark_decode PRIVATE
-  ${PROJECT_SOURCE_DIR}/src/group.cpp
-  ${PROJECT_SOURCE_DIR}/src/symmetric_memory.cpp
-  ${PROJECT_SOURCE_DIR}/src/mailbox.cu
-  ${PROJECT_SOURCE_DIR}/src/reference/mailbox_model.cpp
-)
-target_link_libraries(spark_decode PUBLIC Threads::Threads)
-
 # MpiGroup: a separate library, so that the core library keeps depending on
 # the CUDA toolkit alone. Only MPI's C API is used, through the C++ compiler
 # (the project enables no C language, which FindMPI's C component needs).

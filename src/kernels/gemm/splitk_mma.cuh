@@ -1,15 +1,15 @@
-// The unpooler GEMM kernel: out[m, N] = x[m, K] @ W[N, K]^T for m <= 16.
+// The split-K MMA engine: out[m, N] = x[m, K] @ W[N, K]^T for m <= 16 (the
+// unpooler's engine, and the pooler GEMM's at tp >= 2).
 //
 // Grid (N / (16 R), S), cluster (1, S, 1). CTA (t, s) owns output features
 // [16Rt, 16R(t + 1)) and the K slice [s K / S, (s + 1) K / S); warp w of it
-// owns the KW consecutive K starting at s K / S + w KW. R = 1 is SPEC §2.1's
-// shape. R = 2 (two 16-row MMA tiles per warp sharing every activation
+// owns the KW consecutive K starting at s K / S + w KW. R = 1 is the design's
+// base shape. R = 2 (two 16-row MMA tiles per warp sharing every activation
 // fragment): each CTA reads its K slice of x once, so at m = 16 and R = 1
-// the L2 serves as many x bytes as weight bytes and, not HBM, sets the pace
-// (bench/NOTES.md); R = 2 halves that traffic, and half as many, larger
-// CTAs fit the grid in fewer waves. (What M = 16 still costs over M = 8 at
-// R = 2 is mostly the second n8 MMA of every step, not x: measured.) A row's
-// arithmetic is the same for every R (below), so R may change with m.
+// the L2 serves as many x bytes as weight bytes and, not HBM, sets the pace;
+// R = 2 halves that traffic, and half as many, larger CTAs fit the grid in
+// fewer waves (docs/perf/unpooler.md). A row's arithmetic is the same for
+// every R (below), so R may change with m.
 //
 // Why this shape: at m <= 16 the GEMM is a pure weight stream (16 bytes of W
 // per 2..32 FLOP), so the kernel's only job is to keep enough weight bytes in
@@ -26,20 +26,14 @@
 // K [8t, 8t + 4) of the vector to one MMA step and [8t + 4, 8t + 8) to the
 // next.
 //
-// The row swizzle: mma.sync wants the 4 lanes of group g to hold one A row,
-// so loads that follow the fragment read 8 rows x 64 bytes per instruction.
-// Reading 4 rows x 128 bytes instead (each row's 64 K of a vector pair in one
-// instruction, lanes g = 2j and 2j + 1 taking its halves) was 1.0 us faster
-// per call at tp 1 and 0.6 at tp 2 on an H200 for the same bytes
-// (bench/NOTES.md). So each vector pair is loaded that way and the halves are
-// exchanged between lanes g and g ^ 1 (one shuffle per register) just before
-// use: lane g then holds physical rows perm(g) = 4 (g & 1) + g / 2 and
-// perm(g) + 8 as logical A rows g and g + 8. Which logical row a physical row
-// occupies changes no arithmetic: its K order and accumulator are the same,
-// so SWIZZLE = false (the loads follow the fragment, no exchange) gives the
-// same bits. That variant stays for grids too small to be bandwidth-bound
-// (tp 8: 64 CTAs), where the exchange's 12 instructions per register pair
-// after griddepcontrol.wait cost more than the coalescing gains.
+// The row swizzle (mma_fragment.cuh): each vector pair is loaded as 4 rows x
+// 128 bytes per instruction and the halves are exchanged between lanes g and
+// g ^ 1 just before use, instead of following the fragment (8 rows x 64
+// bytes): coalesced loads for the same bytes, faster wherever the grid
+// streams at bandwidth. SWIZZLE = false (fragment order, no exchange) gives
+// the same bits; it stays for grids too small to be bandwidth-bound (tp 8's
+// 64 CTAs), where the exchange's instructions after griddepcontrol.wait cost
+// more than the coalescing gains.
 //
 // Determinism: every output is reduced in one fixed order: the warp's MMA
 // steps in K order into accumulator set step % ACCS, the sets summed 0..ACCS-1,
@@ -54,55 +48,25 @@
 
 #include "kernels/common/ptx.cuh"
 #include "kernels/common/trace.cuh"
-#include "kernels/mailbox/mailbox_device.cuh"
-#include "kernels/unpooler/unpooler_config.h"
+#include "kernels/gemm/mma_fragment.cuh"
+#include "kernels/gemm/splitk_mma_config.h"
 
 namespace spark_decode::kernels {
 
-struct UnpoolerArgs {
-  const __nv_bfloat16* w;  // [N, K]
-  const __nv_bfloat16* x;  // [m, K]
-  __nv_bfloat16* out;      // [m, N]
-  int n, k, m;
-  mailbox_dev::PublishTarget publish;  // the zero-copy epilogue's (SPEC §2.5); mode kNone: y only stored
-};
-
-__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
-
-// The physical row (of 8) that lane group g holds as its logical A row g.
-__host__ __device__ constexpr int unpooler_row_of_group(int g) { return 4 * (g & 1) + g / 2; }
-
-// The row swizzle's exchange for one vector pair (see above). On entry, lane
-// g holds lo = vector 2q + (g & 1) of row g / 2 and hi = vector 2q + 1 - (g & 1)
-// of row 4 + g / 2 (two 4-row x 128-byte loads); on exit lo and hi are vectors
-// 2q and 2q + 1 of row unpooler_row_of_group(g). Each lane sends the half its
-// partner g ^ 1 owns: the even lane's row-(4 + j) half, the odd lane's row-j
-// half.
-__device__ __forceinline__ void unswizzle_pair(uint4& lo, uint4& hi, bool odd) {
-  const uint4 p = lo, q = hi;
-  const uint4 send = odd ? p : q;
-  const uint4 recv = make_uint4(__shfl_xor_sync(0xffffffffu, send.x, 4), __shfl_xor_sync(0xffffffffu, send.y, 4),
-                                __shfl_xor_sync(0xffffffffu, send.z, 4), __shfl_xor_sync(0xffffffffu, send.w, 4));
-  lo = odd ? q : p;
-  hi = recv;
-}
-
 template <int KW, int ACCS, int TILE, int R, bool SWIZZLE>
-__global__ void __launch_bounds__(unpooler_max_threads(KW, R))
-    unpooler_kernel(const UnpoolerArgs args) {
-  SPARK_TRACE_CTA(kUnpooler);
-  constexpr int kVecs = KW / kUnpoolerBlockK;  // 16-byte vectors per row per lane
+__global__ void __launch_bounds__(splitk_max_threads(KW, R))
+    splitk_mma_kernel(const GemmArgs args) {
+  SPARK_TRACE_CTA(kSplitKMma);
+  constexpr int kVecs = KW / kSplitKBlockK;  // 16-byte vectors per row per lane
   constexpr int kNt = TILE / 8;                // n8 MMAs per step
   // Weight vectors are loaded kChunk at a time per row tile: all of them at
   // R = 1 (the whole slice in flight before griddepcontrol.wait); at R > 1
   // at most 8 / R, so that the R tiles hold no more registers than one R = 1
-  // tile of KW = 256 (unpooler_max_threads).
+  // tile of KW = 256 (splitk_max_threads).
   constexpr int kChunk = R == 1 ? kVecs : (kVecs < 8 / R ? kVecs : 8 / R);
   constexpr int kChunks = kVecs / kChunk;
-  constexpr int kRowsPerCta = R * kUnpoolerTileN;
-  static_assert(KW % kUnpoolerBlockK == 0 && (2 * kVecs) % ACCS == 0 && kVecs % kChunk == 0);
+  constexpr int kRowsPerCta = R * kSplitKTileN;
+  static_assert(KW % kSplitKBlockK == 0 && (2 * kVecs) % ACCS == 0 && kVecs % kChunk == 0);
   static_assert(!SWIZZLE || kChunk % 2 == 0, "the row swizzle loads vectors in pairs");
   static_assert(TILE == 8 || TILE == 16);
   static_assert(R == 1 || R == 2);
@@ -113,11 +77,11 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW, R))
   // fragment is one 16-byte store).
   extern __shared__ __align__(16) unsigned char smem[];
   uint64_t* const bar = reinterpret_cast<uint64_t*>(smem);
-  __nv_bfloat16* const y_tile = reinterpret_cast<__nv_bfloat16*>(smem + kUnpoolerSmemBarrier);
-  float* const partials = reinterpret_cast<float*>(smem + unpooler_smem_header(R));
-  constexpr int kFragment = TILE * kUnpoolerTileN;  // floats per (row tile, warp)
+  __nv_bfloat16* const y_tile = reinterpret_cast<__nv_bfloat16*>(smem + kSplitKSmemBarrier);
+  float* const partials = reinterpret_cast<float*>(smem + splitk_smem_header(R));
+  constexpr int kFragment = TILE * kSplitKTileN;  // floats per (row tile, warp)
   constexpr int kPartial = R * kFragment;           // floats per warp partial
-  static_assert(kUnpoolerSmemBarrier + TILE * kRowsPerCta * 2 <= unpooler_smem_header(R));
+  static_assert(kSplitKSmemBarrier + TILE * kRowsPerCta * 2 <= splitk_smem_header(R));
 
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -147,10 +111,10 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW, R))
   // 4 + g / 2 into wa[2q + 1] (wb: 8 rows on).
   const bool odd = g & 1;
   const size_t k_stride = args.k;
-  const __nv_bfloat16* w_p = SWIZZLE ? args.w + (feature0 + g / 2) * k_stride + k_begin + (odd ? kUnpoolerBlockK : 0)
+  const __nv_bfloat16* w_p = SWIZZLE ? args.w + (feature0 + g / 2) * k_stride + k_begin + (odd ? kSplitKBlockK : 0)
                                      : args.w + (feature0 + g) * k_stride + k_begin;
-  const __nv_bfloat16* w_q = args.w + (feature0 + 4 + g / 2) * k_stride + k_begin + (odd ? 0 : kUnpoolerBlockK);
-  const size_t tile_stride = kUnpoolerTileN * k_stride;
+  const __nv_bfloat16* w_q = args.w + (feature0 + 4 + g / 2) * k_stride + k_begin + (odd ? 0 : kSplitKBlockK);
+  const size_t tile_stride = kSplitKTileN * k_stride;
   const uint64_t policy = ptx::l2_policy_evict_first();
   uint4 wa[R][kChunk], wb[R][kChunk];
   auto load_chunk = [&](int c) {
@@ -158,7 +122,7 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW, R))
     for (int r = 0; r < R; ++r)
 #pragma unroll
       for (int v = 0; v < kChunk; v += SWIZZLE ? 2 : 1) {
-        const size_t at = r * tile_stride + (c * kChunk + v) * kUnpoolerBlockK;
+        const size_t at = r * tile_stride + (c * kChunk + v) * kSplitKBlockK;
         wa[r][v] = ptx::ld_stream_v4(w_p + at, policy);
         wb[r][v] = ptx::ld_stream_v4(w_p + at + 8 * k_stride, policy);
         if constexpr (SWIZZLE) {
@@ -180,10 +144,9 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW, R))
   // store y (2 R m of them, one per 8 features of a token, wrapping around
   // the block). ACTIVE may be written this early: its reader, the consumer,
   // runs in a later grid.
-  const mailbox_dev::PublishTarget& pub = args.publish;
   uint32_t stage = 0;
-  if (pub.mode != mailbox_dev::PublishTarget::kNone && split == 0 && threadIdx.x < 2 * R * args.m)
-    stage = mailbox_dev::publish_stage(pub, threadIdx.x == 0 && blockIdx.x == 0);
+  if (args.publish.mode != mailbox_dev::Publish::kNone && split == 0 && threadIdx.x < 2 * R * args.m)
+    stage = mailbox_dev::publish_stage(args.publish, threadIdx.x == 0 && blockIdx.x == 0);
 
   float acc[R][ACCS][kNt][4];
 #pragma unroll
@@ -212,7 +175,7 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW, R))
       for (int nt = 0; nt < kNt; ++nt) {
         const int token = nt * 8 + g;
         xv[nt] = token < args.m ? ptx::ld_v4(args.x + static_cast<size_t>(token) * args.k + k_begin +
-                                             (c * kChunk + v) * kUnpoolerBlockK)
+                                             (c * kChunk + v) * kSplitKBlockK)
                                 : make_uint4(0, 0, 0, 0);
       }
 #pragma unroll
@@ -266,7 +229,7 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW, R))
     // mbarrier has counted every byte. Leaving early matters: the CTA's
     // registers go to the next CTA's weight loads instead of idling through
     // rank 0's reduction (a second barrier phase here cost 0.9-1.6 us per
-    // call at tp 1-2, bench/NOTES.md).
+    // call at tp 1-2, docs/perf/unpooler.md).
     return;
   }
   // Rank 0: its own warps' partials (shared memory, this CTA), then every
@@ -287,9 +250,7 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW, R))
   // flight together. y goes to shared memory first, to leave as 16-byte rows.
   const int total = splits * warps;
   for (int j = threadIdx.x; j < kPartial; j += blockDim.x) {
-    const int i = j & 3, ln = (j >> 2) & 31, r = (j >> 7) / kNt, nt = (j >> 7) % kNt;
-    const int token = nt * 8 + 2 * (ln & 3) + (i & 1);
-    const int row = r * kUnpoolerTileN + (SWIZZLE ? unpooler_row_of_group(ln >> 2) : ln >> 2) + (i >> 1) * 8;
+    const auto [token, row] = fragment_element<kNt, SWIZZLE>(j);
     if (token >= args.m) continue;
     float s = partials[j];
 #pragma unroll 8
@@ -302,14 +263,9 @@ __global__ void __launch_bounds__(unpooler_max_threads(KW, R))
   // one 16-byte vector; 2 R m items over the block's threads.
   for (int item = threadIdx.x; item < 2 * R * args.m; item += blockDim.x) {
     const int token = item / (2 * R), col = feature0 + (item % (2 * R)) * 8;
-    const uint4 y = *reinterpret_cast<const uint4*>(y_tile + item * 8);
-    *reinterpret_cast<uint4*>(args.out + static_cast<size_t>(token) * args.n + col) = y;
-    if (pub.mode == mailbox_dev::PublishTarget::kNone) continue;
-    // Zero-copy publish: exactly what the mailbox's own publisher stores (the
-    // same vectors, -0.0 as +0.0, into this rank's slot of every copy at the
-    // stage NEXT named; with a ticket, the ticket's stage).
-    mailbox_dev::store_to_all(pub.copies, pub.layout.tp, pub.rank,
-                              pub.layout.offset(stage, pub.rank, token, col), mailbox_dev::publish_vec(y));
+    // With a mailbox, the zero-copy publish: at the stage NEXT named, or
+    // the ticket's.
+    store_y_vec(args, stage, token, col, *reinterpret_cast<const uint4*>(y_tile + item * 8));
   }
 }
 

@@ -1,4 +1,4 @@
-// The pooler GEMM: a skinny GEMM for decode batches,
+// The skinny GEMM engine: a CUDA-core GEMM for decode batches,
 //   out[m, n] = x[m, k] @ W[n, k]^T     BF16 in and out, FP32 accumulation,
 // with the seed's launch shape (block_size, outputs_per_block, k_unroll).
 //
@@ -13,7 +13,8 @@
 // read only after the wait. At K = 8 kBlock kUnroll (the table's shapes
 // for H = 8192) the whole weight slice of a thread is in flight at once.
 //
-// Summation order (reproducible and batch invariant, SPEC §5): each thread
+// Summation order (reproducible and batch invariant; docs/design.md, "Exact
+// semantics"): each thread
 // accumulates its vectors in increasing v, the 8 values of a vector left to
 // right, with fused multiply-adds; the 32 lanes of a warp are combined by a
 // tree that first adds lanes differing in bit 4 of the lane index, then bit
@@ -30,20 +31,9 @@
 
 #include "kernels/common/ptx.cuh"
 #include "kernels/common/trace.cuh"
-#include "kernels/mailbox/mailbox_device.cuh"
+#include "kernels/gemm/mma_fragment.cuh"
 
 namespace spark_decode::kernels {
-
-struct PoolerGemmArgs {
-  const __nv_bfloat16* w;  // [n, k]
-  const __nv_bfloat16* x;  // [m, k]
-  __nv_bfloat16* out;      // [m, n]
-  int n, k, m;
-  // The fused publish (Pooler::run): out also goes into this rank's slot of
-  // the pooler's mailbox, as its own publish kernel would put it. kNone: out
-  // only.
-  mailbox_dev::PublishTarget publish;
-};
 
 namespace skinny {
 
@@ -97,8 +87,8 @@ __device__ __forceinline__ void reduce_scatter(float* v, int lane, int& base) {
 // stored. kOpb * kRows must be a power of two (the reduce-scatter halves it).
 // Host checks: n % kOpb == 0, k % (8 kBlock kUnroll) == 0, 1 <= m <= kRows.
 template <int kBlock, int kOpb, int kUnroll, int kRows>
-__global__ void __launch_bounds__(kBlock) skinny_gemm_kernel(const PoolerGemmArgs a) {
-  SPARK_TRACE_CTA(kSkinnyGemm);
+__global__ void __launch_bounds__(kBlock) skinny_gemm_kernel(const GemmArgs a) {
+  SPARK_TRACE_CTA(kSkinny);
   constexpr int kWarps = kBlock / 32;
   constexpr int kValues = kOpb * kRows;
   static_assert(kBlock % 32 == 0 && kBlock <= 1024, "whole warps");
@@ -126,7 +116,7 @@ __global__ void __launch_bounds__(kBlock) skinny_gemm_kernel(const PoolerGemmArg
   ptx::griddep_launch_dependents();
   // The fused publish's stage, read after the wait as the mailbox's own
   // publisher reads it, and now, so that its latency hides under the loads.
-  const bool publishing = a.publish.mode != mailbox_dev::PublishTarget::kNone;
+  const bool publishing = a.publish.mode != mailbox_dev::Publish::kNone;
   uint32_t stage = 0;
   if (publishing && t < kValues / 2) stage = mailbox_dev::publish_stage(a.publish, t == 0 && blockIdx.x == 0);
 
@@ -200,8 +190,8 @@ __global__ void __launch_bounds__(kBlock) skinny_gemm_kernel(const PoolerGemmArg
     const int p = t / kRows, r = t % kRows;
     if (r < a.m) {
       const uint32_t pair = uint32_t(y_pub[(2 * p) * kRows + r]) | uint32_t(y_pub[(2 * p + 1) * kRows + r]) << 16;
-      mailbox_dev::store_pair_to_all(a.publish.copies, a.publish.layout.tp, a.publish.rank,
-                                     a.publish.layout.offset(stage, a.publish.rank, r, n0 + 2 * p), pair);
+      const MailboxView& mb = a.publish.mailbox;
+      mailbox_dev::store_pair_to_all(mb, mailbox_dev::layout_of(mb).offset(stage, mb.rank, r, n0 + 2 * p), pair);
     }
   }
 }

@@ -1,7 +1,8 @@
 // The device-side steps of the Lamport mailbox, shared by every kernel that
 // publishes into or consumes from one: the mailbox's own publish and gather
-// kernels, the Pooler's fused gather + norm + NVFP4 consumer, and the
-// Unpooler's zero-copy epilogue. Stage and slot arithmetic comes from
+// kernels, the Pooler's fused gather + norm + NVFP4 consumer, and the GEMM
+// engines' publishing epilogues. Each takes the mailbox as a MailboxView
+// (spark_decode/mailbox_view.h). Stage and slot arithmetic comes from
 // protocol.h; memory-ordering instructions from common/ptx.cuh.
 //
 // The orderings each step relies on:
@@ -59,17 +60,16 @@
 
 #include "kernels/common/ptx.cuh"
 #include "kernels/mailbox/protocol.h"
+#include "spark_decode/mailbox_view.h"
 
 namespace spark_decode::kernels::mailbox_dev {
 
 using spark_decode::mailbox::Layout;
 
-// What a consumer needs to give up cleanly.
-struct SpinLimit {
-  uint64_t timeout_ns;  // per slot
-  uint32_t* record;     // host-mapped (LamportMailbox::timeout_record()), may be null
-  int rank;             // for the report
-};
+__host__ __device__ __forceinline__ Layout layout_of(const MailboxView& mb) {
+  return Layout{mb.tp, mb.capacity, mb.width};
+}
+
 
 // ---- stage words -------------------------------------------------------------
 
@@ -96,21 +96,21 @@ __device__ __forceinline__ void advance(int32_t* state, uint32_t active_word, in
 
 // ---- publishing ----------------------------------------------------------------
 
-// Where a kernel that is not the mailbox's own publisher publishes its
-// output: the Unpooler's zero-copy epilogue and the pooler GEMM's (SPEC
-// §2.5). They store exactly what the mailbox's publisher would: the same
-// lanes (-0.0 as +0.0) into this rank's slot of every copy, at the stage NEXT
-// names, and ACTIVE = NEXT; with a ticket, at the ticket's stage and no stage
-// word.
-struct PublishTarget {
+// Where a GEMM engine's epilogue publishes its output (docs/design.md,
+// "Zero-copy publish and the ticket stage"). It stores exactly what the
+// mailbox's publisher would: the same lanes (-0.0 as +0.0) into this rank's
+// slot of every copy, at the stage NEXT names, and ACTIVE = NEXT; with a
+// ticket, at the ticket's stage and no stage word.
+struct Publish {
   enum Mode : int { kNone = 0, kStageWord = 1, kTicket = 2 };
   int mode = kNone;
-  int rank = 0;
-  Layout layout;
-  uint16_t* copies[mailbox::kMaxRanks] = {};  // every rank's copy, as this device addresses it
-  // kStageWord: the mailbox's stage state (NEXT read, ACTIVE written);
-  // kTicket: the ticket, stage in its upper 16 bits.
-  int32_t* state = nullptr;
+  int32_t* ticket = nullptr;  // kTicket: int32 [1], the stage in its upper 16 bits
+  MailboxView mailbox;
+
+  static Publish none() { return Publish{}; }
+  static Publish into(const MailboxView& mb, int32_t* ticket = nullptr) {
+    return Publish{ticket ? kTicket : kStageWord, ticket, mb};
+  }
 };
 
 // The stage a publishing kernel writes; call after griddepcontrol.wait
@@ -121,14 +121,14 @@ struct PublishTarget {
 // serialises in its L2 slice (1024 CTAs of the pooler GEMM: +11 us per call,
 // measured). A ticket naming no stage traps: it would send the stores
 // outside every copy's slots.
-__device__ __forceinline__ uint32_t publish_stage(const PublishTarget& p, bool write_active) {
-  if (p.mode == PublishTarget::kStageWord) {
-    const uint32_t next = read_next(p.state);
-    if (write_active) set_active(p.state, next);
+__device__ __forceinline__ uint32_t publish_stage(const Publish& p, bool write_active) {
+  if (p.mode == Publish::kStageWord) {
+    const uint32_t next = read_next(p.mailbox.state);
+    if (write_active) set_active(p.mailbox.state, next);
     return mailbox::word_stage(next);
   }
   const uint32_t stage =
-      mailbox::word_stage(ptx::ld_relaxed_sys_u32(reinterpret_cast<const uint32_t*>(p.state)));
+      mailbox::word_stage(ptx::ld_relaxed_sys_u32(reinterpret_cast<const uint32_t*>(p.ticket)));
   if (stage >= static_cast<uint32_t>(mailbox::kStages)) {
     printf("spark-decode: ticket stage %u is not a mailbox stage; trapping\n", stage);
     __trap();
@@ -146,48 +146,43 @@ __device__ __forceinline__ uint4 publish_vec(uint4 v) {
 }
 
 // store(copy) for every rank's copy, peers first (their latency overlaps the
-// rest), own copy last. copies[q] is rank q's copy as this device addresses
-// it. Constant indices only: a runtime index into the parameter array would
-// copy it to local memory.
+// rest), own copy last. Constant indices only: a runtime index into the
+// parameter array would copy it to local memory.
 template <typename Store>
-__device__ __forceinline__ void for_each_copy_peers_first(uint16_t* const (&copies)[mailbox::kMaxRanks], int tp,
-                                                          int rank, Store store) {
+__device__ __forceinline__ void for_each_copy_peers_first(const MailboxView& mb, Store store) {
 #pragma unroll
-  for (int q = 0; q < mailbox::kMaxRanks; ++q)
-    if (q < tp && q != rank) store(copies[q]);
-#pragma unroll
-  for (int q = 0; q < mailbox::kMaxRanks; ++q)
-    if (q == rank) store(copies[q]);
+  for (int q = 0; q < kMailboxMaxRanks; ++q)
+    if (q < mb.tp && q != mb.rank) store(mb.copies[q]);
+  store(mb.local);
 }
 
 // Stores an already published vector at element offset `offset` of every
 // rank's copy.
-__device__ __forceinline__ void store_to_all(uint16_t* const (&copies)[mailbox::kMaxRanks], int tp,
-                                             int rank, int64_t offset, uint4 v) {
-  for_each_copy_peers_first(copies, tp, rank, [&](uint16_t* copy) { ptx::st_volatile_v4(copy + offset, v); });
+__device__ __forceinline__ void store_to_all(const MailboxView& mb, int64_t offset, uint4 v) {
+  for_each_copy_peers_first(mb, [&](uint16_t* copy) { ptx::st_volatile_v4(copy + offset, v); });
 }
 
 // Two published BF16 lanes (a packed pair, -0.0 as +0.0) at element offset
 // `offset` (even) of every rank's copy, as one 32-bit word (ordering 3: the
 // pollers load 32-bit elements).
-__device__ __forceinline__ void store_pair_to_all(uint16_t* const (&copies)[mailbox::kMaxRanks], int tp,
-                                                  int rank, int64_t offset, uint32_t pair) {
+__device__ __forceinline__ void store_pair_to_all(const MailboxView& mb, int64_t offset, uint32_t pair) {
   const uint32_t v = mailbox::publish_pair(pair);
-  for_each_copy_peers_first(copies, tp, rank, [&](uint16_t* copy) { ptx::st_volatile_u32(copy + offset, v); });
+  for_each_copy_peers_first(mb, [&](uint16_t* copy) { ptx::st_volatile_u32(copy + offset, v); });
 }
 
 // ---- consuming -------------------------------------------------------------------
 
-// Reports a slot that never filled and kills the grid. Out of line: the hot
-// loop stays small.
-__device__ __noinline__ inline void spin_timeout(SpinLimit limit, int stage, int source, int row) {
-  if (limit.record != nullptr) {
-    ptx::st_relaxed_sys_u32(limit.record, mailbox::make_timeout_record(limit.rank, stage, source, row));
+// Reports a slot that never filled and kills the grid. Out of line, with the
+// view's three fields it needs: the hot loop stays small.
+__device__ __noinline__ inline void spin_timeout(uint64_t timeout_ns, uint32_t* record, int rank, int stage,
+                                                 int source, int row) {
+  if (record != nullptr) {
+    ptx::st_relaxed_sys_u32(record, mailbox::make_timeout_record(rank, stage, source, row));
     ptx::fence_acq_rel_sys();  // the record reaches host memory before the trap
   }
   printf("spark-decode mailbox: spin timeout on rank %d: stage %d, source %d, row %d not "
          "published within %llu ns (a peer is missing, late or out of order); trapping\n",
-         limit.rank, stage, source, row, static_cast<unsigned long long>(limit.timeout_ns));
+         rank, stage, source, row, static_cast<unsigned long long>(timeout_ns));
   __trap();
 }
 
@@ -196,16 +191,17 @@ __device__ __forceinline__ bool vec_has_sentinel(const uint4& v) {
 }
 
 // Spins on the 16-byte vector at `ptr` (in this rank's own copy) until no
-// BF16 lane holds the sentinel; returns it. Traps after limit.timeout_ns.
-__device__ __forceinline__ uint4 poll_vec(const uint16_t* ptr, const SpinLimit& limit, int stage,
-                                          int source, int row) {
+// BF16 lane holds the sentinel; returns it. Traps after mb.spin_timeout_ns.
+__device__ __forceinline__ uint4 poll_vec(const uint16_t* ptr, const MailboxView& mb, int stage, int source,
+                                          int row) {
   uint4 v = ptx::ld_volatile_v4(ptr);
   if (!vec_has_sentinel(v)) return v;
   const uint64_t start = ptx::globaltimer_ns();
   while (true) {
     v = ptx::ld_volatile_v4(ptr);
     if (!vec_has_sentinel(v)) return v;
-    if (ptx::globaltimer_ns() - start > limit.timeout_ns) spin_timeout(limit, stage, source, row);
+    if (ptx::globaltimer_ns() - start > mb.spin_timeout_ns)
+      spin_timeout(mb.spin_timeout_ns, mb.timeout_record, mb.rank, stage, source, row);
   }
 }
 

@@ -1,23 +1,86 @@
-// ExpertNorm and the stock NVFP4 quantize kernel: validation and launches.
+// The norm family: ExpertNorm, the stock NVFP4 quantize kernel and the
+// Pooler's fused gather + norm + NVFP4 consumer (validation and launches).
+// All three run the same device steps (kernels/norm/rms.cuh,
+// kernels/nvfp4/nvfp4.cuh).
 #include "cuda_utils.h"
 #include "kernels/common/launch.cuh"
+#include "kernels/consumer/gather_norm_nvfp4.cuh"
 #include "kernels/norm/norm_kernels.cuh"
+#include "launchers.h"
 #include "spark_decode/error.h"
 #include "spark_decode/expert_norm.h"
+#include "spark_decode/mailbox.h"
 #include "spark_decode/nvfp4.h"
+#include "spark_decode/pooler.h"
+#include "validate.h"
 
 namespace spark_decode {
-namespace {
 
-bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+using detail::aligned;
+using detail::disjoint;
 
-bool disjoint(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
-  const char* x = static_cast<const char*>(a);
-  const char* y = static_cast<const char*>(b);
-  return x + a_bytes <= y || y + b_bytes <= x;
+namespace detail {
+
+void launch_expert_norm(const void* x, const void* weight, void* y, int rows, int cols, float eps, float gain_center,
+                        bool enable_pdl, cudaStream_t stream) {
+  kernels::ExpertNormArgs args{static_cast<const __nv_bfloat16*>(x), static_cast<const __nv_bfloat16*>(weight),
+                               static_cast<__nv_bfloat16*>(y), cols, eps, gain_center};
+  kernels::LaunchShape shape;
+  shape.grid = dim3(rows);
+  shape.block = dim3(kernels::norm::threads_for(cols));
+  shape.enable_pdl = enable_pdl;
+  kernels::launch(kernels::expert_norm_kernel, shape, stream, args);
 }
 
-}  // namespace
+void launch_gather_norm_nvfp4(const MailboxView& mb, const void* norm_weight, const float* global_scale, float eps,
+                              float gain_center, void* a, void* a_sf, int b, bool enable_pdl, bool launch_next_early,
+                              cudaStream_t stream) {
+  kernels::GatherNormNvfp4Args args{};
+  args.mailbox = mb;
+  args.weight = static_cast<const __nv_bfloat16*>(norm_weight);
+  args.global_scale = global_scale;
+  args.a = static_cast<uint8_t*>(a);
+  args.a_sf = static_cast<uint8_t*>(a_sf);
+  args.b = b;
+  args.eps = eps;
+  args.gain_center = gain_center;
+  args.launch_next_early = launch_next_early ? 1 : 0;
+  kernels::LaunchShape shape;
+  shape.grid = dim3(b);
+  shape.block = dim3(kernels::norm::threads_for(mb.tp * mb.width));
+  shape.enable_pdl = enable_pdl;
+  kernels::launch(kernels::gather_norm_nvfp4_kernel, shape, stream, args);
+}
+
+void load_norm_kernels() {
+  cudaFuncAttributes attrs;
+  CUDA_CHECK(cudaFuncGetAttributes(&attrs, kernels::expert_norm_kernel));
+  CUDA_CHECK(cudaFuncGetAttributes(&attrs, kernels::gather_norm_nvfp4_kernel));
+}
+
+}  // namespace detail
+
+void gather_norm_nvfp4(LamportMailbox& mb, const void* norm_weight, const float* global_scale, float eps,
+                       float gain_center, void* a, void* a_sf, int b, cudaStream_t stream, bool enable_pdl,
+                       bool launch_next_early) {
+  const int cols = mb.tp() * mb.width();
+  SPARK_CHECK(b >= 1 && b <= mb.capacity(), "gather_norm_nvfp4: b = ", b, " outside [1, ", mb.capacity(),
+              "] (the mailbox capacity)");
+  SPARK_CHECK(mb.width() % kNvfp4Block == 0, "gather_norm_nvfp4: mailbox width ", mb.width(),
+              " must be a multiple of ", kNvfp4Block, " (an NVFP4 block may not straddle two ranks)");
+  if (auto reason = ExpertNorm::cols_unsupported(cols)) throw InvalidArgument("gather_norm_nvfp4: " + *reason);
+  SPARK_CHECK(aligned(norm_weight, 16) && aligned(global_scale, 4) && aligned(a, 16) && aligned(a_sf, 4),
+              "gather_norm_nvfp4: norm_weight and a must be 16-byte aligned, global_scale and a_sf 4-byte "
+              "aligned, all non-null device pointers");
+  SPARK_CHECK(eps >= 0.0f, "gather_norm_nvfp4: eps ", eps, " must be >= 0");
+  for (const auto& [p, bytes] : {std::pair<const void*, size_t>{a, size_t(b) * cols / 2},
+                                 std::pair<const void*, size_t>{a_sf, size_t(b) * cols / 16}})
+    detail::require_disjoint(p, bytes, mb.memory().local(), mb.memory().bytes(),
+                             "gather_norm_nvfp4: outputs may not overlap the mailbox");
+  detail::require_current_device(mb.device(), "gather_norm_nvfp4");
+  detail::launch_gather_norm_nvfp4(mb.view(), norm_weight, global_scale, eps, gain_center, a, a_sf, b, enable_pdl,
+                                   launch_next_early, stream);
+}
 
 std::optional<std::string> ExpertNorm::cols_unsupported(int cols) {
   const int threads = kernels::norm::threads_for(cols);
@@ -40,25 +103,17 @@ ExpertNorm::ExpertNorm(const TensorRef& weight, float eps, float gain_center, bo
   SPARK_CHECK(eps >= 0.0f && eps == eps, "pre_expert_norm eps ", eps, " must be >= 0 (and not NaN)");
   detail::require_sm90(device_, "pre_expert_norm");
   detail::DeviceGuard guard(device_);
-  cudaFuncAttributes attrs;
-  CUDA_CHECK(cudaFuncGetAttributes(&attrs, kernels::expert_norm_kernel));  // load it now, not under capture
+  detail::load_norm_kernels();  // now, not lazily under capture
 }
 
 void ExpertNorm::run(const void* x, void* y, int rows, cudaStream_t stream) const {
   SPARK_CHECK(rows >= 1 && rows <= 65535 * 1024, "pre_expert_norm: rows ", rows, " outside [1, ", 65535 * 1024, "]");
-  SPARK_CHECK(x != nullptr && y != nullptr && aligned(x, 16) && aligned(y, 16),
+  SPARK_CHECK(aligned(x, 16) && aligned(y, 16),
               "pre_expert_norm: x and y must be non-null 16-byte aligned device pointers");
   const size_t bytes = size_t(rows) * cols_ * 2;
   SPARK_CHECK(disjoint(x, bytes, y, bytes), "pre_expert_norm: y may not overlap x");
   detail::require_current_device(device_, "pre_expert_norm");
-  kernels::ExpertNormArgs args{static_cast<const __nv_bfloat16*>(x),
-                               static_cast<const __nv_bfloat16*>(weight_),
-                               static_cast<__nv_bfloat16*>(y), cols_, eps_, gain_center_};
-  kernels::LaunchShape shape;
-  shape.grid = dim3(rows);
-  shape.block = dim3(kernels::norm::threads_for(cols_));
-  shape.enable_pdl = enable_pdl_;
-  kernels::launch(kernels::expert_norm_kernel, shape, stream, args);
+  detail::launch_expert_norm(x, weight_, y, rows, cols_, eps_, gain_center_, enable_pdl_, stream);
 }
 
 void ExpertNorm::run(const TensorRef& x, const TensorRef& y, cudaStream_t stream) const {
@@ -76,8 +131,7 @@ void nvfp4_quantize(const void* y, const float* global_scale, void* a, void* a_s
                     cudaStream_t stream, bool enable_pdl) {
   SPARK_CHECK(rows >= 1 && rows <= 65535 && cols > 0 && cols % kNvfp4Block == 0, "nvfp4_quantize: [",
               rows, ", ", cols, "] needs 1 <= rows <= 65535 and cols % ", kNvfp4Block, " == 0");
-  SPARK_CHECK(y && a && a_sf && global_scale && aligned(y, 16) && aligned(a, 16) && aligned(a_sf, 4) &&
-                  aligned(global_scale, 4),
+  SPARK_CHECK(aligned(y, 16) && aligned(a, 16) && aligned(a_sf, 4) && aligned(global_scale, 4),
               "nvfp4_quantize: y and a must be 16-byte aligned, a_sf and global_scale 4-byte aligned, "
               "all non-null device pointers");
   const size_t y_bytes = size_t(rows) * cols * 2;

@@ -1,6 +1,6 @@
 // The Pooler's fused consumer: gather + pre_expert_norm + NVFP4 over the
-// Lamport mailbox (SPEC §5). The mailbox steps (read ACTIVE, advance, poll,
-// clear) are mailbox_device.cuh's, the norm is norm/rms.cuh's and the
+// Lamport mailbox (docs/design.md, "Exact semantics"). The mailbox steps
+// (read ACTIVE, advance, poll, clear) are mailbox/device.cuh's, the norm is norm/rms.cuh's and the
 // quantizer nvfp4/nvfp4.cuh's: this kernel only wires them together, so its
 // bytes equal the stock gather + ExpertNorm + nvfp4_quantize by
 // construction (and the GPU tests check it).
@@ -11,29 +11,25 @@
 #include <cstdint>
 
 #include "kernels/common/trace.cuh"
-#include "kernels/mailbox/mailbox_device.cuh"
+#include "kernels/mailbox/device.cuh"
 #include "kernels/norm/rms.cuh"
 #include "kernels/nvfp4/nvfp4.cuh"
 
 namespace spark_decode::kernels {
 
-struct NormQuantGatherArgs {
-  uint16_t* local;              // this rank's mailbox copy [3][tp][capacity][width]
-  int32_t* state;               // this rank's stage state
+struct GatherNormNvfp4Args {
+  MailboxView mailbox;
   const __nv_bfloat16* weight;  // [tp * width] norm weight
   const float* global_scale;    // [1]
   uint8_t* a;                   // [b, tp * width / 2]
   uint8_t* a_sf;                // [b, tp * width / 16]
-  mailbox::Layout layout;
   int b;
   float eps, gain_center;
-  mailbox_dev::SpinLimit spin;
   // Where this grid lets the next one launch (griddepcontrol.launch_dependents):
   // at its start (1), so the next layer's GEMM streams its weights under this
   // kernel, or once this thread's data has arrived (0). Either is correct
-  // (mailbox_device.cuh, ordering 6); pooler_consumer_launches_early picks by
-  // measurement (the late point won 1 us per layer where the next GEMM's CTA
-  // fills an SM's shared memory; why is not established: bench/NOTES.md).
+  // (device.cuh, ordering 6); the plan table's consumer launch point picks by
+  // measurement (docs/perf/consumer.md).
   int launch_next_early;
 };
 
@@ -42,19 +38,21 @@ struct NormQuantGatherArgs {
 // 0): it polls their two vectors, clears the same columns of the previous
 // call's rows i, i + b, ..., joins the row's mean(x^2), normalises and
 // quantizes its NVFP4 block.
-__global__ void norm_quant_gather_kernel(const NormQuantGatherArgs a) {
-  SPARK_TRACE_CTA(kNormQuantGather);
+__global__ void gather_norm_nvfp4_kernel(const GatherNormNvfp4Args a) {
+  SPARK_TRACE_CTA(kGatherNormNvfp4);
   __shared__ float warp_sums[norm::kMaxWarps];
+  const MailboxView& mb = a.mailbox;
+  const mailbox::Layout layout = mailbox_dev::layout_of(mb);
   const int t = threadIdx.x, row = blockIdx.x;
-  const int cols = a.layout.tp * a.layout.width;
-  const int source = 16 * t / a.layout.width, col = 16 * t % a.layout.width;
+  const int cols = layout.tp * layout.width;
+  const int source = 16 * t / layout.width, col = 16 * t % layout.width;
   // Model parameters no grid writes: read before the wait.
   float w[16];
   nvfp4::bf16x8_to_float(ptx::ld_v4(a.weight + 16 * t), w);
   nvfp4::bf16x8_to_float(ptx::ld_v4(a.weight + 16 * t + 8), w + 8);
 
   // The next grid (the next layer's GEMM) may launch now and stream its
-  // weights while this one waits (mailbox_device.cuh, ordering 6).
+  // weights while this one waits (device.cuh, ordering 6).
   if (a.launch_next_early) ptx::griddep_launch_dependents();
   // ACTIVE comes from this call's publisher. The global scale is read after
   // the wait, as the stock quantize kernel reads it: a scale some earlier
@@ -62,20 +60,19 @@ __global__ void norm_quant_gather_kernel(const NormQuantGatherArgs a) {
   ptx::griddep_wait();
   SPARK_TRACE_WAITED();
   const float global_scale = *a.global_scale;
-  const uint32_t active = mailbox_dev::read_active(a.state);
+  const uint32_t active = mailbox_dev::read_active(mb.state);
   SPARK_TRACE_MARK(0, active);  // ACTIVE has arrived
-  if (t == 0 && row == 0) mailbox_dev::advance(a.state, active, a.b);
+  if (t == 0 && row == 0) mailbox_dev::advance(mb.state, active, a.b);
   const int stage = mailbox::word_stage(active);
+  uint16_t* const local = mb.local;
 
-  const uint4 v0 = mailbox_dev::poll_vec(a.local + a.layout.offset(stage, source, row, col), a.spin, stage,
-                                         source, row);
-  const uint4 v1 = mailbox_dev::poll_vec(a.local + a.layout.offset(stage, source, row, col + 8), a.spin,
-                                         stage, source, row);
+  const uint4 v0 = mailbox_dev::poll_vec(local + layout.offset(stage, source, row, col), mb, stage, source, row);
+  const uint4 v1 = mailbox_dev::poll_vec(local + layout.offset(stage, source, row, col + 8), mb, stage, source, row);
   SPARK_TRACE_MARK(1, v1.w);  // this thread's data has arrived
   if (!a.launch_next_early) ptx::griddep_launch_dependents();
   const int cleared = mailbox::clear_stage(stage), rows_prev = mailbox::word_rows(active);
-  mailbox_dev::clear_rows(a.local, a.layout, cleared, source, col, row, gridDim.x, rows_prev);
-  mailbox_dev::clear_rows(a.local, a.layout, cleared, source, col + 8, row, gridDim.x, rows_prev);
+  mailbox_dev::clear_rows(local, layout, cleared, source, col, row, gridDim.x, rows_prev);
+  mailbox_dev::clear_rows(local, layout, cleared, source, col + 8, row, gridDim.x, rows_prev);
 
   float x[16], y[16];
   nvfp4::bf16x8_to_float(v0, x);

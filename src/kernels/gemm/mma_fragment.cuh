@@ -1,0 +1,77 @@
+// What the GEMM engines share: their arguments, the mma.sync fragment
+// helpers (the row swizzle's lane map and exchange), and the epilogue store
+// that also publishes into a mailbox (docs/design.md, "Zero-copy publish and
+// the ticket stage").
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "kernels/mailbox/device.cuh"
+#include "spark_decode/plan.h"
+
+namespace spark_decode::kernels {
+
+// out[m, n] = x[m, k] @ w[n, k]^T, BF16, for every engine.
+struct GemmArgs {
+  const __nv_bfloat16* w;  // [n, k]
+  const __nv_bfloat16* x;  // [m, k]
+  __nv_bfloat16* out;      // [m, n]
+  int n, k, m;
+  // The epilogue's publish (kNone: out only): out also goes into this rank's
+  // slot of every copy of the mailbox, as its own publish kernel would put it.
+  mailbox_dev::Publish publish;
+};
+
+// Word i of a 16-byte vector (four packed BF16 pairs).
+__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// The row swizzle (docs/design.md, "Engines"): mma.sync wants the 4 lanes of
+// group g to hold one A row; a load instruction that reads 4 rows x 128
+// contiguous bytes instead gives lane g the vector pair of physical row
+// row_of_group(g) after one exchange between lanes g and g ^ 1. Which
+// logical A row a physical row occupies changes no arithmetic.
+__host__ __device__ constexpr int row_of_group(int g) { return 4 * (g & 1) + g / 2; }
+
+// The exchange for one vector pair. On entry, lane g holds lo = vector
+// 2q + (g & 1) of row g / 2 and hi = vector 2q + 1 - (g & 1) of row 4 + g / 2
+// (two 4-row x 128-byte loads); on exit lo and hi are vectors 2q and 2q + 1
+// of row row_of_group(g). Each lane sends the half its partner g ^ 1 owns:
+// the even lane's row-(4 + j) half, the odd lane's row-j half.
+__device__ __forceinline__ void unswizzle_pair(uint4& lo, uint4& hi, bool odd) {
+  const uint4 p = lo, q = hi;
+  const uint4 send = odd ? p : q;
+  const uint4 recv = make_uint4(__shfl_xor_sync(0xffffffffu, send.x, 4), __shfl_xor_sync(0xffffffffu, send.y, 4),
+                                __shfl_xor_sync(0xffffffffu, send.z, 4), __shfl_xor_sync(0xffffffffu, send.w, 4));
+  lo = odd ? q : p;
+  hi = recv;
+}
+
+// Element e of a warp partial stored in the MMA accumulators' order ([row
+// tile][n8 tile][lane][4]) is output (token, row) of the tile: the inverse
+// of the fragment layout, for the engines' reductions.
+struct FragmentElement {
+  int token, row;
+};
+template <int kNt, bool SWIZZLE = true>
+__device__ __forceinline__ FragmentElement fragment_element(int e) {
+  const int i = e & 3, ln = (e >> 2) & 31, r = (e >> 7) / kNt, nt = (e >> 7) % kNt;
+  return {nt * 8 + 2 * (ln & 3) + (i & 1), r * kSplitKTileN + (SWIZZLE ? row_of_group(ln >> 2) : ln >> 2) + (i >> 1) * 8};
+}
+
+// The epilogue of the tensor-core engines: 8 features [col, col + 8) of one
+// token, a 16-byte vector of y, stored to out and, when publishing, exactly
+// what the mailbox's own publisher stores (the same vector, -0.0 as +0.0,
+// into this rank's slot of every copy at `stage`).
+__device__ __forceinline__ void store_y_vec(const GemmArgs& a, uint32_t stage, int token, int col, uint4 y) {
+  *reinterpret_cast<uint4*>(a.out + static_cast<size_t>(token) * a.n + col) = y;
+  if (a.publish.mode == mailbox_dev::Publish::kNone) return;
+  const MailboxView& mb = a.publish.mailbox;
+  mailbox_dev::store_to_all(mb, mailbox_dev::layout_of(mb).offset(stage, mb.rank, token, col),
+                            mailbox_dev::publish_vec(y));
+}
+
+}  // namespace spark_decode::kernels

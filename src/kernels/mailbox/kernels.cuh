@@ -1,0 +1,76 @@
+// The mailbox's own kernels: publish and the plain gather consumer.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include "kernels/common/trace.cuh"
+#include "kernels/mailbox/device.cuh"
+
+namespace spark_decode::kernels {
+
+struct MailboxPublishArgs {
+  const __nv_bfloat16* src;  // [b, width], this rank's block
+  MailboxView mailbox;
+  int b;
+};
+
+// One thread per 16-byte vector of the b source rows; each stores its vector
+// into all tp copies. Grid ceil(b * width / 8 / threads).
+__global__ void mailbox_publish_kernel(const MailboxPublishArgs a) {
+  SPARK_TRACE_CTA(kPublish);
+  // The source rows come from the previous grid and NEXT from the previous
+  // consumer: nothing may be read before this.
+  ptx::griddep_wait();
+  SPARK_TRACE_WAITED();
+  ptx::griddep_launch_dependents();
+  const MailboxView& mb = a.mailbox;
+  const uint32_t next = mailbox_dev::read_next(mb.state);
+  if (threadIdx.x == 0 && blockIdx.x == 0) mailbox_dev::set_active(mb.state, next);
+
+  const mailbox::Layout layout = mailbox_dev::layout_of(mb);
+  const int vecs = layout.row_vecs();
+  const int v = blockIdx.x * blockDim.x + threadIdx.x;
+  if (v >= a.b * vecs) return;
+  const int row = v / vecs, col = (v % vecs) * mailbox::kVecElems;
+  const uint4 data = mailbox_dev::publish_vec(ptx::ld_v4(a.src + int64_t(row) * layout.width + col));
+  mailbox_dev::store_to_all(mb, layout.offset(mailbox::word_stage(next), mb.rank, row, col), data);
+}
+
+struct MailboxGatherArgs {
+  __nv_bfloat16* out;  // [b, tp * width]
+  MailboxView mailbox;
+  int b;
+};
+
+// Grid (b, ceil(tp * width / 8 / threads)): CTA (i, j) thread t owns the 8
+// columns [8f, 8f + 8) of output row i, f = j * threads + t, which come from
+// source f / (width / 8). It polls them, stores them, and clears its columns
+// of the previous call's rows i, i + b, ...
+__global__ void mailbox_gather_kernel(const MailboxGatherArgs a) {
+  SPARK_TRACE_CTA(kGather);
+  // The next grid may launch now (device.cuh, ordering 6); ACTIVE comes from
+  // this call's publisher.
+  ptx::griddep_launch_dependents();
+  ptx::griddep_wait();
+  SPARK_TRACE_WAITED();
+  const MailboxView& mb = a.mailbox;
+  const uint32_t active = mailbox_dev::read_active(mb.state);
+  SPARK_TRACE_MARK(0, active);  // ACTIVE has arrived
+  if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0) mailbox_dev::advance(mb.state, active, a.b);
+
+  const mailbox::Layout layout = mailbox_dev::layout_of(mb);
+  const int vecs = layout.row_vecs();
+  const int row = blockIdx.x;
+  const int fragment = blockIdx.y * blockDim.x + threadIdx.x;
+  if (fragment >= layout.tp * vecs) return;
+  const int source = fragment / vecs, col = (fragment % vecs) * mailbox::kVecElems;
+  const int stage = mailbox::word_stage(active);
+  uint16_t* const local = mb.local;
+
+  const uint4 v = mailbox_dev::poll_vec(local + layout.offset(stage, source, row, col), mb, stage, source, row);
+  ptx::st_v4(a.out + int64_t(row) * layout.tp * layout.width + int64_t(fragment) * mailbox::kVecElems, v);
+  mailbox_dev::clear_rows(local, layout, mailbox::clear_stage(stage), source, col, row, gridDim.x,
+                          mailbox::word_rows(active));
+}
+
+}  // namespace spark_decode::kernels

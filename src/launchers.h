@@ -1,0 +1,33 @@
+// The unchecked launches behind the public entry points (internal). Each
+// public call validates its arguments and then calls one of these; the
+// Pooler validates a call once and calls them directly, so that nothing is
+// checked twice on its hot path. The caller guarantees what the public
+// call's header requires (shapes, alignment, device, b within capacity).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "spark_decode/mailbox_view.h"
+
+namespace spark_decode::detail {
+
+// The mailbox's publish kernel: rows [0, b) of src [b, width] into this
+// rank's slot of every copy.
+void launch_mailbox_publish(const MailboxView& mb, const void* src, int b, int threads, bool enable_pdl,
+                            cudaStream_t stream);
+// The plain gather consumer: out [b, tp * width].
+void launch_mailbox_gather(const MailboxView& mb, void* out, int b, int threads, bool enable_pdl,
+                           cudaStream_t stream);
+// The fused gather + pre_expert_norm + NVFP4 consumer (a [b, P/2], a_sf
+// [b, P/16], P = tp * width).
+void launch_gather_norm_nvfp4(const MailboxView& mb, const void* norm_weight, const float* global_scale, float eps,
+                              float gain_center, void* a, void* a_sf, int b, bool enable_pdl, bool launch_next_early,
+                              cudaStream_t stream);
+// Loads the norm kernels (ExpertNorm's, the fused consumer's) now: lazy
+// loading would do it at the first launch, possibly under capture.
+void load_norm_kernels();
+// pre_expert_norm over rows [rows, cols].
+void launch_expert_norm(const void* x, const void* weight, void* y, int rows, int cols, float eps, float gain_center,
+                        bool enable_pdl, cudaStream_t stream);
+
+}  // namespace spark_decode::detail

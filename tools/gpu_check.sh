@@ -14,7 +14,18 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 OUT=${OUT:-/tmp/spark-out}
 mkdir -p "$OUT"
 LOG="$OUT/log.txt"
-NCCL_DIR=$(ls -d /opt/torch/.venv/lib/python3*/site-packages/nvidia/nccl 2>/dev/null | head -1)
+# The Python with torch: $PYTHON, else the first python3 / python on PATH
+# that imports torch (its tests and the NCCL of its wheel); none: no torch.
+PY=${PYTHON:-}
+if [ -z "$PY" ]; then
+  for c in python3 python; do
+    if command -v "$c" >/dev/null && "$c" -c "import torch" 2>/dev/null; then PY=$(command -v "$c"); break; fi
+  done
+fi
+NCCL_DIR=${SPARK_DECODE_NCCL_DIR:-}
+if [ -z "$NCCL_DIR" ] && [ -n "$PY" ]; then
+  NCCL_DIR=$("$PY" -c "import nvidia.nccl, os; print(list(nvidia.nccl.__path__)[0])" 2>/dev/null || true)
+fi
 export LD_LIBRARY_PATH="${NCCL_DIR:+$NCCL_DIR/lib:}/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export PATH="/usr/local/cuda/bin:$PATH"
 steps=("$@")
@@ -25,10 +36,9 @@ rc=0
 
 if has build; then
   say "build $(date -u +%T)"
-  # The Python package against the image's torch venv (its tests join -L gpu).
-  PY=/opt/torch/.venv/bin/python
+  # The Python package against torch's interpreter (its tests join -L gpu).
   pyargs=()
-  [ -x "$PY" ] && pyargs=(-DPython3_EXECUTABLE="$PY" -DSPARK_DECODE_PYTHON=ON)
+  [ -n "$PY" ] && pyargs=(-DPython3_EXECUTABLE="$PY" -DSPARK_DECODE_PYTHON=ON)
   if ! { cmake --preset h200 ${NCCL_DIR:+-DSPARK_DECODE_NCCL_DIR=$NCCL_DIR} "${pyargs[@]}" &&
          cmake --build --preset h200 -j "$(nproc)"; } >"$OUT/build.log" 2>&1; then
     tail -60 "$OUT/build.log" | tee -a "$LOG"
@@ -108,9 +118,8 @@ if has tune-pdl; then
   build/h200/spark-decode tune unpooler --pdl --pooler-shapes --m 4,8,16 --out "$OUT" 2>&1 | tee -a "$LOG" || rc=1
   # Where both modes were tuned in this $OUT: the ranking the table follows.
   for s in "" _pooler_shapes; do
-    off=$(ls -t "$OUT"/unpooler_tune${s}_2*.json 2>/dev/null | head -1)
-    pdl=$(ls -t "$OUT"/unpooler_tune${s}_pdl_2*.json 2>/dev/null | head -1)
-    [ -n "$off" ] && [ -n "$pdl" ] && python3 tools/rank_tune.py "$off" "$pdl" --top 4 2>&1 | tee -a "$LOG"
+    off="$OUT/unpooler_tune$s.json" pdl="$OUT/unpooler_tune${s}_pdl.json"
+    [ -f "$off" ] && [ -f "$pdl" ] && python3 tools/rank_tune.py "$off" "$pdl" --top 4 2>&1 | tee -a "$LOG"
   done
 fi
 if has tune-pooler; then
@@ -131,9 +140,8 @@ if has pooler; then
   say "bench pooler $(date -u +%T)"
   # Pooler.run also on the MMA and ring engines: the engine table weighs the
   # GEMM's two modes and Pooler.run (tools/rank_pooler.py ranks them).
-  build/h200/spark-decode bench pooler --run-engines mma,ring --out "$OUT" 2>&1 | tee -a "$LOG" || rc=1
-  latest=$(ls -t "$OUT"/pooler_2*.json 2>/dev/null | head -1)
-  [ -n "$latest" ] && python3 tools/rank_pooler.py "$latest" 2>&1 | tee -a "$LOG"
+  build/h200/spark-decode bench pooler --run-engines splitk_mma,ring_mma --out "$OUT" 2>&1 | tee -a "$LOG" || rc=1
+  [ -f "$OUT/pooler.json" ] && python3 tools/rank_pooler.py "$OUT/pooler.json" 2>&1 | tee -a "$LOG"
 fi
 if has gather; then
   say "bench gather $(date -u +%T)"

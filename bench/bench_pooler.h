@@ -1,5 +1,5 @@
 // `spark-decode bench pooler`: the Pooler against the stock path, and the
-// pooler GEMM (every engine) against cuBLAS. SPEC §7 records.
+// pooler GEMM (every engine) against cuBLAS. docs/design.md, "Benchmark records" records.
 #pragma once
 
 #include <string>

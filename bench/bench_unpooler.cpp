@@ -228,7 +228,7 @@ std::string tune_unpooler(const UnpoolerBenchOptions& o) {
           // Clustered tactics also under the load-balancing scheduling policy,
           // and the one compiled (kw, accs) also with fragment-order weight
           // loads: loads and scheduling only, the same bits, and which is
-          // faster depends on the grid (bench/NOTES.md).
+          // faster depends on the grid (docs/perf/unpooler.md).
           for (bool swizzle : {true, false}) {
             t.row_swizzle = swizzle;
             t.cluster_balance = false;

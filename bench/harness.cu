@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(64) bulk_read_kernel(const char* p, int total,
       const uint32_t dst = ptx::smem_addr(ring + size_t(s) * buffer);
       // One thread issues every copy; the contiguous case stays one copy
       // per buffer with no further arithmetic (4 KiB buffers at one CTA per
-      // SM are handshake-bound and vary between builds, bench/NOTES.md).
+      // SM are handshake-bound and vary between builds, docs/perf/pooler_gemm.md).
       if (rows == 1) {
         ptx::bulk_copy_g2s(dst, p + size_t(first + i) * copy, copy, full(s), policy);
       } else {

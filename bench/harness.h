@@ -1,4 +1,4 @@
-// The benchmark method of SPEC §7, shared by every `spark-decode bench`:
+// The benchmark method of docs/design.md, "Benchmark records", shared by every `spark-decode bench`:
 // CUDA events over CUDA-graph replays, distinct weights per call so that L2
 // is cold, the median of repeats, and the HBM read bandwidth measured in the
 // same run for the floor.

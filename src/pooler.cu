@@ -237,7 +237,7 @@ void Pooler::warm_up(cudaStream_t stream) {
   // exceed.
   group_->barrier();
   // One layer per form: BF16 edge layers, and NVFP4 layers per (eps,
-  // gain_center) as the seed keys its compiled consumers.
+  // gain_center) as the consumers are specialised.
   std::map<std::pair<int, std::pair<float, float>>, int> forms;
   for (int i = 0; i < static_cast<int>(layers_.size()); ++i) {
     const auto& l = layers_[i];

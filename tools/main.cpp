@@ -33,7 +33,7 @@ int main(int argc, char** argv) {
   auto* tactics = app.add_subcommand("tactics", "print the plan table (engine and parameters per op, tp and b)");
 
   sd::bench::UnpoolerBenchOptions opts;
-  opts.out_dir = std::string(SPARK_DECODE_SOURCE_DIR) + "/bench/results";
+  opts.out_dir = "spark-decode-out";  // under the current directory, not the source tree
   auto* bench = app.add_subcommand("bench", "benchmarks against the stock path (docs/design.md, \"Benchmark records\")");
   bench->require_subcommand(1);
   auto* bench_unpooler = bench->add_subcommand("unpooler", "the unpooler GEMM against cuBLAS, tp 1, 2, 4, 8");

@@ -1,5 +1,5 @@
 // spark_decode/expert_norm.h: pre_expert_norm, the standalone kernel
-// (SPEC §2.4; the stock path's norm and the Pooler's BF16 edge layers).
+// (docs/design.md, "The Pooler"; the stock path's norm and the Pooler's BF16 edge layers).
 //
 //   y[r, :] = bf16_rn(x[r, :] * rsqrt(mean(x[r, :]^2) + eps) * (w + gain_center))
 //

@@ -1,6 +1,6 @@
 // spark_decode/nvfp4.h: NVFP4 (block 16, E4M3 block scales, E2M1 codes) as
 // vLLM's scaled_fp4_quant computes it, with the linear (not swizzled) scale
-// layout. SPEC §5.
+// layout. docs/design.md, "Exact semantics".
 //
 // Per block of 16 consecutive BF16 values y of a row, with the FP32 global
 // scale gs:

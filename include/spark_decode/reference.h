@@ -18,7 +18,7 @@ namespace spark_decode::reference {
 void gemm_bf16(const uint16_t* x, const uint16_t* w, uint16_t* out, int m, int n, int k,
                std::vector<double>* exact = nullptr, std::vector<double>* magnitude = nullptr);
 
-// pre_expert_norm / ExpertNorm (SPEC §5): y[r, c] = bf16_rne(x[r, c] *
+// pre_expert_norm / ExpertNorm (docs/design.md, "Exact semantics"): y[r, c] = bf16_rne(x[r, c] *
 // rsqrt(mean_c(x[r, :]^2) + eps) * (w[c] + gain_center)), all in FP64 from
 // the BF16 inputs (the GPU works in FP32 with rsqrt.approx: its results are
 // within one BF16 ulp of these, not bit-equal). x, y [rows, cols], w [cols].

@@ -74,7 +74,7 @@ class Unpooler {
     bool enable_pdl = true;
     std::optional<SplitKTactic> tactic;  // default: unpooler_tactic(N, K)
     // Row counts whose token tiles are prepared at construction (nullopt,
-    // the default: all of 1..max_m; empty: none, as the seed's rows=()).
+    // the default: all of 1..max_m; empty: none, as the Python binding's rows=()).
     // run() with another m prepares its tile then, which it refuses under
     // CUDA graph capture.
     std::optional<std::vector<int>> rows;

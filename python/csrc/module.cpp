@@ -283,7 +283,7 @@ PYBIND11_MODULE(_C, m) {
       .def_static(
           "unsupported",
           [](const py::tuple& weight, const std::optional<py::dict>& tactic) -> std::optional<std::string> {
-            // A reason or None, never an exception (the seed's contract).
+            // A reason or None, never an exception (its documented contract).
             try {
               const sd::TensorRef w = tensor_ref(weight);
               if (!tactic) return sd::Unpooler::unsupported(w);

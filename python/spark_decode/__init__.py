@@ -5,7 +5,8 @@ Muse Spark, for PyTorch (H200 / sm_90a; compute capability 9.0 or newer).
     u = sd.Unpooler(weight_shard)          # [N, K] BF16 on the current GPU
     u.run(x, out)                          # out[m, N] = x[m, K] @ W^T, m <= 16
 
-Every class keeps the seed's names and signatures (SPEC §2.9); the C++ API
+Every class keeps the names and signatures of the original Python design
+(docs/design.md, "Departures from the original design"); the C++ API
 (include/spark_decode/) says the exact semantics. Invalid input raises
 InvalidArgument (a ValueError) with the library's reason; environment
 failures raise SparkRuntimeError (a RuntimeError). Calls run on the object's

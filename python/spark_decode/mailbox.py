@@ -1,4 +1,4 @@
-"""The Lamport mailbox (SPEC §4, spark_decode/mailbox.h): symmetric per-rank
+"""The Lamport mailbox (docs/design.md, "The Lamport mailbox protocol", spark_decode/mailbox.h): symmetric per-rank
 buffers [3 stages][tp][capacity][width] BF16 over peer-mapped memory, a
 publish kernel and the plain gather consumer."""
 

@@ -1,4 +1,4 @@
-"""The pooler (SPEC §2.3, spark_decode/pooler.h): the boundary before the routed
+"""The pooler (docs/design.md, "The Pooler", spark_decode/pooler.h): the boundary before the routed
 experts. Per MoE layer and rank: project (the pooler GEMM), publish, and
 gather into the NVFP4 expert input (NVFP4 layers) or the normed BF16 rows
 (BF16 edge layers); and ExpertNorm on its own."""
@@ -32,7 +32,7 @@ def pooler_layer(moe, tp: int, rank: int) -> PoolerLayer:
     """The pooler of one stock MuseSpark1xMoE (``moe.pooler.weight``,
     ``moe.pre_expert_norm``, ``moe.experts.nvfp4_input_global_scale``),
     checked against what the fused path assumes; InvalidArgument (a
-    ValueError) with the seed's reasons otherwise."""
+    ValueError) with the stock model's reasons otherwise."""
     weight = moe.pooler.weight
     norm = moe.pre_expert_norm
     scale = moe.experts.nvfp4_input_global_scale

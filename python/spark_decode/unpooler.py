@@ -1,4 +1,4 @@
-"""The unpooler GEMM (SPEC §2.1, spark_decode/unpooler.h): out[m, N] = x[m, K] @ W^T
+"""The unpooler GEMM (docs/design.md, "Engines", spark_decode/unpooler.h): out[m, N] = x[m, K] @ W^T
 for 1 <= m <= 16, optionally publishing y into the next boundary's mailbox."""
 
 from __future__ import annotations

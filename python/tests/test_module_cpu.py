@@ -31,7 +31,7 @@ class Errors(unittest.TestCase):
         self.assertTrue(issubclass(_C.SparkRuntimeError, RuntimeError))
 
     def test_tensor_descriptions_are_checked(self):
-        # unsupported() says why (the seed's contract: a reason or None, never raises) ...
+        # unsupported() says why (its contract: a reason or None, never raises) ...
         self.assertIn("dtype 'f16' is not one the library takes", _C.Unpooler.unsupported(desc([64, 256], "f16"), None))
         self.assertIn("is (data, dtype, shape, strides, device)", _C.Unpooler.unsupported((1, "bf16", (64, 256)), None))
         self.assertIn("at most 4 dimensions", _C.Unpooler.unsupported(desc([1, 1, 1, 64, 256]), None))

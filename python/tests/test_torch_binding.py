@@ -196,7 +196,7 @@ def test_unpooler_rows_limit_what_is_prepared(gen):
     torch.cuda.synchronize()
     assert u.prepared(tile9, rows9)
     check_gemm(x, w, out)
-    # rows=() prepares no tile (the seed's meaning); the first eager run does.
+    # rows=() prepares no tile (as documented); the first eager run does.
     lazy = sd.Unpooler(w, rows=())
     assert not lazy.prepared(t["token_tile"][0], t["row_tiles"][0])
     lazy.run(x[:1], out[:1])
@@ -471,7 +471,7 @@ def _two_rank_mailbox(rank, init_file, width, rounds, result_dir):
 def test_mailbox_over_torch_distributed_two_processes():
     """Two processes, a gloo ProcessGroup as the rendezvous (CUDA IPC between
     them), on two GPUs where there are, else both on one (the mailbox alone
-    may share a GPU: bench/NOTES.md)."""
+    may share a GPU: docs/perf/mailbox.md)."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,4 +1,4 @@
-// A CPU model of the Lamport mailbox protocol (SPEC §2.7, §4).
+// A CPU model of the Lamport mailbox protocol (docs/design.md, "The Lamport mailbox protocol").
 //
 // Ranks are host threads; every rank's copy lives in host memory as one
 // std::atomic<uint16_t> per BF16 element and its stage state as two

@@ -35,7 +35,7 @@ inline uint16_t payload_bits(uint64_t seed, int64_t call, int source, int row, i
   }
 }
 
-// What a consumer must read for a published value (SPEC §4).
+// What a consumer must read for a published value (docs/design.md, "The Lamport mailbox protocol").
 inline uint16_t arrived_bits(uint16_t bits) { return bits == 0x8000 ? 0 : bits; }
 
 }  // namespace spark_decode::testing

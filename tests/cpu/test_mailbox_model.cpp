@@ -172,7 +172,7 @@ TEST(MailboxModel, FirstPublishLandsInTheSpecLayout) {
             const bool written = s == 0 && q == 0 && row < 3;
             const uint16_t want = written ? (row * width + col == 5 ? 0 : src[row * width + col])
                                           : kSentinel;
-            // SPEC §4's layout, written out here rather than taken from
+            // docs/design.md's "The Lamport mailbox protocol" layout, written out here rather than taken from
             // the protocol's own offset().
             const int64_t flat = ((int64_t(s) * tp + q) * cap + row) * width + col;
             ASSERT_EQ(model.element_at(r, flat), want) << "copy " << r << " " << at(0, s, q, row, col);

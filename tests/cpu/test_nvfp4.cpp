@@ -1,7 +1,7 @@
 // NVFP4 on the CPU: the E2M1 and E4M3 conversions against CUDA's own host
 // conversion functions (cuda_fp4.h, cuda_fp8.h) over every float32 bit
 // pattern, and the reference quantizer on blocks whose bytes were worked
-// out by hand (the expected bytes below come from the SPEC §5 formula
+// out by hand (the expected bytes below come from the docs/design.md, "Exact semantics" formula
 // evaluated on paper, not from the code).
 #include <cuda_fp4.h>
 #include <cuda_fp8.h>

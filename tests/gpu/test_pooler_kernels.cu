@@ -365,7 +365,7 @@ TEST(PoolerGemm, TableAndEveryEngineAtTheModelShape) {
       const std::string what = gemm.choice(m).to_string() + " m " + std::to_string(m);
       EXPECT_EQ(check_gemm(got, x.data(), w.data(), m, n, k), "") << what;
       EXPECT_EQ(run(gemm_off, m), got) << what << ": PDL off differs from on";
-      // Batch invariance holds per engine (SPEC §5); the table may pick
+      // Batch invariance holds per engine (docs/design.md, "Exact semantics"); the table may pick
       // different engines for different b, whose last bits differ.
       if (f || gemm.choice(m).to_string() == gemm.choice(most).to_string())
         EXPECT_TRUE(std::equal(got.begin(), got.end(), full.begin())) << what << ": rows differ from batch " << most;

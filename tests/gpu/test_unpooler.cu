@@ -497,7 +497,7 @@ TEST(UnpoolerGpu, RunValidatesAndLaunchesNothingOnBadInput) {
   CUDA_CHECK(cudaStreamSynchronize(stream));
   EXPECT_TRUE(u.prepared(16, u.tactic().row_tiles[8]));
 
-  // An empty rows (the seed's rows=()) prepares nothing; the first eager run
+  // An empty rows (rows=() in Python) prepares nothing; the first eager run
   // of each tile prepares it.
   sd::Unpooler::Options none;
   none.rows = std::vector<int>{};

@@ -186,8 +186,8 @@ __device__ __forceinline__ void mma_m16n8k16_bf16(float (&d)[4], const uint32_t 
 }  // namespace spark_decode::ptx
 
 // ---- NVFP4 conversions and fast reciprocal (the Pooler) ----------------------
-// The exact instructions vLLM's scaled_fp4_quant and the seed's fused
-// consumer use, so that our kernels round exactly as theirs. Composed into
+// The exact instructions vLLM's scaled_fp4_quant uses, so that our kernels
+// round exactly as it does (docs/design.md, "Exact semantics"). Composed into
 // the NVFP4 steps in kernels/nvfp4/nvfp4.cuh. Not volatile: pure register
 // operations the compiler may schedule freely.
 namespace spark_decode::ptx {

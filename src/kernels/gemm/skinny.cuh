@@ -1,6 +1,7 @@
 // The skinny GEMM engine: a CUDA-core GEMM for decode batches,
 //   out[m, n] = x[m, k] @ W[n, k]^T     BF16 in and out, FP32 accumulation,
-// with the seed's launch shape (block_size, outputs_per_block, k_unroll).
+// with the original design's launch shape (block_size, outputs_per_block,
+// k_unroll).
 //
 // CTA j owns the kOpb output columns [j kOpb, (j + 1) kOpb) for every row;
 // its kBlock threads split K: thread t owns the 16-byte vectors (8 values)

@@ -145,21 +145,35 @@ __device__ __forceinline__ uint4 publish_vec(uint4 v) {
   return v;
 }
 
+// How a publisher addresses its own copy: selected from copies[] with
+// constant indices (the GEMM epilogues: their code measured as it was
+// written so), or through view.local (the publish kernel: with one store per
+// thread the compiler turned the selection into a run-time index, which
+// copies the parameter array to local memory).
+enum class OwnCopy { select, local };
+
 // store(copy) for every rank's copy, peers first (their latency overlaps the
 // rest), own copy last. Constant indices only: a runtime index into the
 // parameter array would copy it to local memory.
-template <typename Store>
+template <OwnCopy kOwn = OwnCopy::select, typename Store>
 __device__ __forceinline__ void for_each_copy_peers_first(const MailboxView& mb, Store store) {
 #pragma unroll
   for (int q = 0; q < kMailboxMaxRanks; ++q)
     if (q < mb.tp && q != mb.rank) store(mb.copies[q]);
-  store(mb.local);
+  if constexpr (kOwn == OwnCopy::local) {
+    store(mb.local);
+  } else {
+#pragma unroll
+    for (int q = 0; q < kMailboxMaxRanks; ++q)
+      if (q == mb.rank) store(mb.copies[q]);
+  }
 }
 
 // Stores an already published vector at element offset `offset` of every
 // rank's copy.
+template <OwnCopy kOwn = OwnCopy::select>
 __device__ __forceinline__ void store_to_all(const MailboxView& mb, int64_t offset, uint4 v) {
-  for_each_copy_peers_first(mb, [&](uint16_t* copy) { ptx::st_volatile_v4(copy + offset, v); });
+  for_each_copy_peers_first<kOwn>(mb, [&](uint16_t* copy) { ptx::st_volatile_v4(copy + offset, v); });
 }
 
 // Two published BF16 lanes (a packed pair, -0.0 as +0.0) at element offset

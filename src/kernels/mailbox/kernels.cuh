@@ -33,7 +33,8 @@ __global__ void mailbox_publish_kernel(const MailboxPublishArgs a) {
   if (v >= a.b * vecs) return;
   const int row = v / vecs, col = (v % vecs) * mailbox::kVecElems;
   const uint4 data = mailbox_dev::publish_vec(ptx::ld_v4(a.src + int64_t(row) * layout.width + col));
-  mailbox_dev::store_to_all(mb, layout.offset(mailbox::word_stage(next), mb.rank, row, col), data);
+  mailbox_dev::store_to_all<mailbox_dev::OwnCopy::local>(mb, layout.offset(mailbox::word_stage(next), mb.rank, row, col),
+                                                          data);
 }
 
 struct MailboxGatherArgs {

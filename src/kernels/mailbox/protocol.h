@@ -5,7 +5,7 @@
 // compiler for the CPU model (src/reference/mailbox_model.cpp), so that the
 // model checks the very arithmetic the GPU runs. Nothing here touches memory.
 //
-// Memory of one rank (SPEC §4):
+// Memory of one rank (docs/design.md, "The Lamport mailbox protocol"):
 //   data   BF16 [kStages][tp sources][capacity rows][width]   (raw uint16 bits)
 //   state  int32 [2] (read and written as uint32):
 //     state[kNextWord]   NEXT   = (next_stage << 16) | rows of the last call.

@@ -1,7 +1,7 @@
 // pre_expert_norm on the device: the one definition of the mean(x^2)
 // reduction order and of the normalised value, called by the standalone
 // norm kernel (ExpertNorm) and the Pooler's fused gather + norm + NVFP4
-// consumer. Both therefore compute bit-identical BF16 rows (SPEC §5); no
+// consumer. Both therefore compute bit-identical BF16 rows (docs/design.md, "Exact semantics"); no
 // other code may compute this norm.
 //
 //   y = bf16_rn(x * rsqrt(mean(x^2) + eps) * (w + gain_center))

@@ -1,9 +1,9 @@
-// NVFP4 (vLLM scaled_fp4_quant, block 16) on the device: the seed's helpers
-// with its PTX semantics, and the one block quantizer that the stock
+// NVFP4 (vLLM scaled_fp4_quant, block 16) on the device: its conversion
+// helpers with vLLM's PTX semantics, and the one block quantizer that the stock
 // quantize kernel and the Pooler's fused consumer both call, so that their
 // bytes agree by construction (the GPU tests check it anyway).
 //
-// Per block of 16 BF16 values y (SPEC §5):
+// Per block of 16 BF16 values y (docs/design.md, "Exact semantics"):
 //   vmax      = max |y_i|                                    (exact)
 //   sf        = e4m3_rn_satfinite(gs * (vmax * rcp_approx_ftz(6)))
 //   out_scale = sf == 0 ? 0 : rcp_approx_ftz(float(sf) * rcp_approx_ftz(gs))
@@ -52,7 +52,7 @@ __device__ __forceinline__ uint32_t cvt_f32_to_e4m3(float a) {
 
 // rcp(float(sf) * rcp(global_scale)), 0 when the E4M3 scale is zero; the
 // E4M3 byte (bits 0..7 of fp8_val) widened exactly through the hardware
-// f16x2 path, as the seed does.
+// f16x2 path, as vLLM's quantizer does.
 __device__ __forceinline__ float nvfp4_compute_output_scale(uint32_t fp8_val, float global_scale) {
   const float scale = ptx::cvt_f32_f16_lo(ptx::cvt_rn_f16x2_e4m3x2(fp8_val & 0xffffu));
   const float result = rcp_approx_ftz(__fmul_rn(scale, rcp_approx_ftz(global_scale)));

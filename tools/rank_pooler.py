@@ -15,16 +15,23 @@ launch shapes in a full sweep) are listed after them, unranked; otherwise the
 The same run times Pooler.run on the table's engines with the fused
 consumer's trigger forced each way (where it lets the next kernel launch:
 at its start, or once its data has arrived); they are listed last, the faster
-first, for pooler_consumer_launches_early's table.
+first, for the plan table's consumer launch points.
 
-  spark-decode bench pooler --engines table,mma,ring --run-engines mma,ring ...
-  tools/rank_pooler.py bench/results/pooler_DATE.json [--tp 1]
+  spark-decode bench pooler --run-engines splitk_mma,ring_mma ...
+  tools/rank_pooler.py bench/results/nvidia-h200/pooler.json [--tp 1] [--check [TABLE]]
+
+--check compares the ranking with the plan table (default src/tuning/h200.inc):
+per tp the engine with the lowest sum over every b measured (one engine
+serves a shape: one reduction order), and per (tp, b) the faster consumer
+launch point; it exits 1 where the table differs.
 """
 import argparse
 import json
 import re
 import sys
 from collections import defaultdict
+
+import plan_table
 
 RUN_ENGINE = re.compile(r"^run \(PDL; engine (.+)\)$")
 TRIGGER = re.compile(r"^run \(PDL; the consumer launching the next kernel (at its start|once its data arrived)\)$")
@@ -103,6 +110,8 @@ def main(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("json", help="a `bench pooler` JSON with several engines (--engines, --run-engines)")
     ap.add_argument("--tp", type=int, help="only this tp")
+    ap.add_argument("--check", nargs="?", const=plan_table.DEFAULT, metavar="TABLE",
+                    help="compare with the plan table (default src/tuning/h200.inc)")
     args = ap.parse_args(argv)
     times, table = load(args.json)
     for (tp, b), (with_run, rows, others) in rank(times).items():
@@ -124,7 +133,48 @@ def main(argv):
         print("the fused consumer lets the next kernel launch (Pooler.run on the table's engines, us, faster first):")
     for (tp, b), t in triggers.items():
         print(f"tp {tp} b {b}: " + ", ".join(f"{name} {us:6.2f}" for name, us in sorted(t.items(), key=lambda x: x[1])))
+    if args.check:
+        return check(args.check, rank(times), triggers, args.tp)
     return 0
+
+
+def rank_shapes(ranked):
+    """{tp: [(sum over b, engine)] best first}: one engine serves every b of a
+    shape (one reduction order), so engines rank by their figures summed over
+    the b measured, among those ranked at every one of them."""
+    by_tp = defaultdict(dict)
+    for (tp, b), (_, rows, _) in ranked.items():
+        by_tp[tp][b] = {e: total for total, e, *_ in rows}
+    out = {}
+    for tp, per_b in by_tp.items():
+        common = set.intersection(*(set(t) for t in per_b.values()))
+        out[tp] = sorted((sum(t[e] for t in per_b.values()), e) for e in common)
+    return out
+
+
+def check(path, ranked, triggers, only_tp=None):
+    """Prints where the plan table disagrees with this run; 1 if anywhere."""
+    rows = plan_table.read(path)
+    differ = 0
+    for tp, engines in sorted(rank_shapes(ranked).items()):
+        row = plan_table.row_of(rows, "pooler", tp, 1)
+        if (only_tp and tp != only_tp) or row is None or not engines:
+            continue
+        best = plan_table.engine_of(engines[0][1])
+        print(f"check: tp {tp}, every b measured: " + ", ".join(f"{e} {t:.2f}" for t, e in engines))
+        if best != row["engine"]:
+            differ += 1
+            print(f"check: tp {tp}: the table has {row['engine']}, this run ranks {best} first")
+    for (tp, b), t in triggers.items():
+        row = plan_table.row_of(rows, "pooler", tp, b)
+        if row is None or len(t) < 2:
+            continue
+        faster = "early" if min(t, key=t.get) == "at its start" else "late"
+        if faster != row["consumer"]:
+            differ += 1
+            print(f"check: tp {tp} b {b}: the table's consumer launches {row['consumer']}, this run is faster {faster}")
+    print(f"check: {differ} of the table's pooler rows disagree with this run ({path})")
+    return 1 if differ else 0
 
 
 if __name__ == "__main__":

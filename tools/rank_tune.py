@@ -10,13 +10,19 @@ taken, and tactics rank by the sum of the two modes' means over m. (Picking
 the best row tiling of each mode separately, as `tune` prints, can rank a
 tactic by a combination no table row can hold.)
 
-  tools/rank_tune.py OFF.json PDL.json [--top 6] [--n N]
+  tools/rank_tune.py OFF.json PDL.json [--top 6] [--n N] [--check [TABLE]]
+
+--check compares each model shape's best tactic (S, kw, accs, the cluster
+policy and row swizzle) with its rows in the plan table (default
+src/tuning/h200.inc), and exits 1 where one differs.
 """
 import argparse
 import json
 import re
 import sys
 from collections import defaultdict
+
+import plan_table
 
 ROWS = re.compile(r" rows(\d+)_at_m=\S+")
 
@@ -69,15 +75,45 @@ def main(argv):
     ap.add_argument("pdl", help="tune JSON of the same tactics with --pdl (mode pdl_chain)")
     ap.add_argument("--top", type=int, default=6)
     ap.add_argument("--n", type=int, help="only this N")
+    ap.add_argument("--check", nargs="?", const=plan_table.DEFAULT, metavar="TABLE",
+                    help="compare with the plan table (default src/tuning/h200.inc)")
     args = ap.parse_args(argv)
-    for (n, k), rows in rank(load(args.off), load(args.pdl)).items():
+    ranked = rank(load(args.off), load(args.pdl))
+    for (n, k), rows in ranked.items():
         if args.n and n != args.n:
             continue
         print(f"N={n} K={k}: sum of means (PDL off + PDL chain), us; per m: off / chain (row tiles)")
         for total, mo, mp, tactic, per_m in rows[: args.top]:
             cells = " ".join(f"{m}:{o:.2f}/{p:.2f}(r{r})" for m, r, o, p in per_m)
             print(f"  {total:6.2f} = {mo:5.2f} + {mp:5.2f}  {tactic}  |  {cells}")
-    return 0
+    return check(args.check, ranked) if args.check else 0
+
+
+TACTIC = re.compile(r"S=(\d+) kw=(\d+) accs=(\d+)")
+
+
+def check(path, ranked):
+    """Prints where the plan table's split-K rows disagree with the ranking; 1 if anywhere."""
+    rows = plan_table.read(path)
+    differ = 0
+    for (n, k), tactics in ranked.items():
+        where = plan_table.op_tp_of_shape(n, k)
+        if where is None or not tactics:
+            continue
+        op, tp = where
+        best = tactics[0][3]
+        s, kw, accs = (int(v) for v in TACTIC.search(best).groups())
+        want = (s, kw, accs, "cluster_balance" in best and s > 1, "unswizzled" not in best)
+        for r in rows:
+            if r["op"] != op or r["tp"] != tp:
+                continue
+            have = (r["splits"], r["kw"], r["accs"], r["cluster_balance"] and r["splits"] > 1, r["row_swizzle"])
+            if have != want:
+                differ += 1
+                print(f"check: {op} tp {tp} b {r['b_first']}..{r['b_last']}: the table has S={have[0]} kw={have[1]} "
+                      f"accs={have[2]}, this run ranks {best} first")
+    print(f"check: {differ} of the table's split-K rows disagree with this run ({path})")
+    return 1 if differ else 0
 
 
 if __name__ == "__main__":

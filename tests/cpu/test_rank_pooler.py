@@ -46,7 +46,7 @@ def write(records):
     return f.name
 
 
-MMA, RING = "mma(Unpooler engine)", "ring(cp.async stages)"
+MMA, RING = "splitk_mma", "ring_mma"
 SKINNY = "skinny(block_size=512, outputs_per_block=4, k_unroll=2)"
 SKINNY2 = "skinny(block_size=512, outputs_per_block=2, k_unroll=2)"
 
@@ -115,6 +115,36 @@ class RankPooler(unittest.TestCase):
         self.assertNotIn("the consumer launching", " ".join(e for k in ranked for e in times_engines(ranked[k])))
         self.assertIn("tp 1 b 9: once its data arrived  20.50, at its start  21.60", text)
         self.assertIn("tp 1 b 1: at its start  19.10, once its data arrived  19.70", text)
+
+
+    def test_check_ranks_one_engine_per_shape_against_the_table(self):
+        # tp 2: skinny wins b = 1 by 1.0, splitk_mma wins b = 4 by 3.0: one
+        # engine per shape, by the sum: splitk_mma (the table's: agrees). tp 4:
+        # skinny wins both: the table's splitk_mma disagrees. The trigger at
+        # tp 1 b = 9: the late point is faster (the table's: agrees).
+        records = [
+            gemm("splitk_mma", 2, 1, "graph", 10.0), gemm("splitk_mma", 2, 1, "pdl_chain", 8.0),
+            gemm(SKINNY, 2, 1, "graph", 9.0), gemm(SKINNY, 2, 1, "pdl_chain", 8.0),
+            gemm("splitk_mma", 2, 4, "graph", 10.0), gemm("splitk_mma", 2, 4, "pdl_chain", 8.0),
+            gemm(SKINNY, 2, 4, "graph", 12.0), gemm(SKINNY, 2, 4, "pdl_chain", 9.0),
+            gemm("splitk_mma", 4, 1, "graph", 7.0), gemm("splitk_mma", 4, 1, "pdl_chain", 5.0),
+            gemm(SKINNY, 4, 1, "graph", 6.0), gemm(SKINNY, 4, 1, "pdl_chain", 4.0),
+            trigger("at its start", 1, 9, 21.6), trigger("once its data arrived", 1, 9, 20.5),
+        ]
+        path = write(records)
+        try:
+            out = io.StringIO()
+            with redirect_stdout(out):
+                rc = rank_pooler.main([path, "--check"])
+            text = out.getvalue()
+        finally:
+            os.unlink(path)
+        self.assertEqual(rc, 1)
+        self.assertIn("check: tp 2, every b measured: splitk_mma 36.00, " + SKINNY + " 38.00", text)
+        self.assertNotIn("check: tp 2: the table has", text)
+        self.assertIn("check: tp 4: the table has splitk_mma, this run ranks skinny first", text)
+        self.assertNotIn("check: tp 1 b 9", text)
+        self.assertIn("check: 1 of the table's pooler rows disagree", text)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """tools/rank_tune.py on hand-made tune records: one row tiling per m for both
 modes, the sum of the two modes' means, tactics missing a mode left out."""
+import io
 import json
 import os
 import sys
 import tempfile
 import unittest
+from contextlib import redirect_stdout
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tools"))
 import rank_tune  # noqa: E402
@@ -45,6 +47,28 @@ class RankTune(unittest.TestCase):
         self.assertEqual((total, mean_off, mean_pdl), (8.5, 6.0, 2.5))
         self.assertEqual(ranked[1][0], 9.0)  # A at two tiles: 6 + 3, not 5 + 3
         self.assertEqual(ranked[1][4], [(1, 2, 6.0, 3.0)])
+
+
+    def test_check_against_the_plan_table(self):
+        # The tp 8 unpooler shape [1024, 4096]: the table has S=1 kw=256
+        # accs=1 with fragment-order loads. A run ranking that first agrees; one
+        # ranking S=2 first disagrees on both of tp 8's rows (b 1..8, 9..16).
+        def rec(v, us, mode):
+            return dict(record(v, 1, us, mode), n=1024, k=4096, tp=8)
+        t8, s2 = "S=1 kw=256 accs=1 tile16_from_m=9 unswizzled", "S=2 kw=256 accs=1 tile16_from_m=9"
+        for best, want_rc in ((t8, 0), (s2, 1)):
+            other = s2 if best == t8 else t8
+            off = write([rec(best, 4.0, "graph"), rec(other, 5.0, "graph")])
+            pdl = write([rec(best, 3.0, "pdl_chain"), rec(other, 3.5, "pdl_chain")])
+            out = io.StringIO()
+            try:
+                with redirect_stdout(out):
+                    rc = rank_tune.main([off, pdl, "--check"])
+            finally:
+                os.unlink(off)
+                os.unlink(pdl)
+            self.assertEqual(rc, want_rc, out.getvalue())
+            self.assertIn(f"check: {2 * want_rc} of the table's split-K rows disagree", out.getvalue())
 
 
 if __name__ == "__main__":

@@ -6,8 +6,8 @@
 // Why: the register engines (skinny, splitk_mma) hold every weight byte in
 // flight in a register, so a warp can issue no load while it multiplies what
 // arrived, and a CTA's stream stops between its loads and its exit; at b >= 2
-// the split-K engine at tp 1 sits 1-1.5 us above a plain streaming read of
-// the same bytes (docs/perf/pooler_gemm.md). Here the copies land in shared
+// the split-K engine at tp 1 sits well above a plain streaming read of the
+// same bytes (docs/perf/pooler_gemm.md). Here the copies land in shared
 // memory without a register, so each warp keeps D - 1 stages in flight while
 // it computes the oldest, and a CTA streams several row tiles back to back:
 // one CTA per SM, one weight stream per warp that never stops until its last
@@ -63,7 +63,7 @@ inline constexpr int kKMultiple = kWarps * kStageK;
 // At the 16-token tile x is staged: copied into shared memory by the same
 // cp.async group as its stage's weights, so it arrives with them (register
 // sets ahead measured slower there, too many registers; x's L2 round trips
-// in the stage loop cost 1-1.7 us, docs/perf/pooler_gemm.md). The room comes
+// in the stage loop were measured costly, docs/perf/pooler_gemm.md). The room comes
 // from a shallower ring: two weight stages per warp instead of three.
 __host__ __device__ constexpr bool x_staged(int tile) { return tile == 16; }
 __host__ __device__ constexpr int depth(int tile) { return x_staged(tile) ? 2 : kDepth; }

@@ -228,8 +228,8 @@ __global__ void __launch_bounds__(splitk_max_threads(KW, R))
     // and the only shared memory written is rank 0's, which stays until its
     // mbarrier has counted every byte. Leaving early matters: the CTA's
     // registers go to the next CTA's weight loads instead of idling through
-    // rank 0's reduction (a second barrier phase here cost 0.9-1.6 us per
-    // call at tp 1-2, docs/perf/unpooler.md).
+    // rank 0's reduction (a second barrier phase here was measured slower:
+    // docs/perf/unpooler.md).
     return;
   }
   // Rank 0: its own warps' partials (shared memory, this CTA), then every

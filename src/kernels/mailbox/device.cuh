@@ -118,8 +118,8 @@ struct Publish {
 // `write_active`: this thread also sets ACTIVE (its reader, the consumer,
 // runs in a later grid). Let one thread of the grid write it: a store from
 // every CTA to the one word, mixed with every CTA's load of NEXT beside it,
-// serialises in its L2 slice (1024 CTAs of the pooler GEMM: +11 us per call,
-// measured). A ticket naming no stage traps: it would send the stores
+// serialises in its L2 slice (measured with the skinny GEMM's 1024 CTAs:
+// docs/perf/mailbox.md). A ticket naming no stage traps: it would send the stores
 // outside every copy's slots.
 __device__ __forceinline__ uint32_t publish_stage(const Publish& p, bool write_active) {
   if (p.mode == Publish::kStageWord) {

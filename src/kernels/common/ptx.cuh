@@ -128,10 +128,6 @@ __device__ __forceinline__ void st_relaxed_sys_u32(uint32_t* ptr, uint32_t v) {
   asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(ptr), "r"(v) : "memory");
 }
 
-__device__ __forceinline__ void st_release_sys_u32(uint32_t* ptr, uint32_t v) {
-  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(ptr), "r"(v) : "memory");
-}
-
 // 16 bytes to (possibly peer) global memory, each word written once: the
 // poller tests every lane, so no ordering between the words is needed.
 __device__ __forceinline__ void st_volatile_v4(void* ptr, uint4 v) {
@@ -294,12 +290,6 @@ namespace spark_decode::ptx {
 // Arrive without ordering any memory access (the "all CTAs started" barrier).
 __device__ __forceinline__ void cluster_arrive_relaxed() {
   asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-}
-
-// Arrive, releasing this thread's earlier shared::cluster stores to the CTAs
-// that wait on the same phase.
-__device__ __forceinline__ void cluster_arrive_release() {
-  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
 }
 
 // Wait for every thread of the cluster to arrive at the current phase, then

@@ -49,6 +49,8 @@
 
 #include <cstdint>
 
+#include "spark_decode/bf16.h"
+
 #if defined(__CUDACC__)
 #define SPARK_MAILBOX_HD __host__ __device__ __forceinline__
 #else
@@ -62,7 +64,7 @@ inline constexpr int kMaxRanks = 8;  // tp in {1, 2, 4, 8}
 inline constexpr int kMaxRows = 0xffff;  // rows must fit the word's low 16 bits
 // BF16 -0.0: "not yet written". Tested on raw bits only: a float compare
 // would also take +0.0, and flush-to-zero turns negative subnormals into -0.0.
-inline constexpr uint16_t kSentinel = 0x8000;
+inline constexpr uint16_t kSentinel = kBf16NegativeZero;
 inline constexpr uint32_t kSentinelPair = 0x80008000u;
 inline constexpr int kNextWord = 0;
 inline constexpr int kActiveWord = 1;
@@ -105,10 +107,6 @@ SPARK_MAILBOX_HD uint32_t advance_word(int stage, int rows) {
   return make_word(next_stage(stage), rows);
 }
 
-// The stage call k (counting from 0 after construction) runs on: the
-// protocol advances one stage per call. For tests and the model's checks;
-// the kernels never count calls (the stage lives on the device).
-SPARK_MAILBOX_HD int stage_of_call(int64_t call) { return int(call % kStages); }
 
 // ---- payload bits ------------------------------------------------------------
 

@@ -141,6 +141,15 @@ void pooler_vs_stock(const PoolerBenchOptions& o, int tp, Report& report) {
           }
           forced.back().second->warm_up(stream);
         }
+        // Every NVFP4 layer in the other output formats (the main Pooler's is
+        // nvfp4, linear scales): what each consumer costs.
+        for (OutputFormat f : {OutputFormat::bf16, OutputFormat::nvfp4_swizzled}) {
+          std::vector<PoolerLayer> formatted = layers;
+          for (int l = 1; l < L - 1; ++l) formatted[l].format = f;
+          forced.emplace_back(std::string("format ") + format_name(f),
+                              std::make_unique<Pooler>(group, tp, rank, rank, formatted, o.bs, kMaxBatch, true));
+          forced.back().second->warm_up(stream);
+        }
         // The table's engines with the fused consumer's launch point forced
         // each way (the plan's consumer launch): where the next GEMM may launch.
         for (bool early : {true, false}) {

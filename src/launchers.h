@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include "spark_decode/mailbox_view.h"
+#include "spark_decode/pooler.h"
 
 namespace spark_decode::detail {
 
@@ -18,11 +19,12 @@ void launch_mailbox_publish(const MailboxView& mb, const void* src, int b, int t
 // The plain gather consumer: out [b, tp * width].
 void launch_mailbox_gather(const MailboxView& mb, void* out, int b, int threads, bool enable_pdl,
                            cudaStream_t stream);
-// The fused gather + pre_expert_norm + NVFP4 consumer (a [b, P/2], a_sf
-// [b, P/16], P = tp * width).
-void launch_gather_norm_nvfp4(const MailboxView& mb, const void* norm_weight, const float* global_scale, float eps,
-                              float gain_center, void* a, void* a_sf, int b, bool enable_pdl, bool launch_next_early,
-                              cudaStream_t stream);
+// The fused gather + pre_expert_norm consumer in `format` (P = tp * width):
+// normed [b, P] for bf16; a [b, P/2] and a_sf (pooler_output_spec) for the
+// NVFP4 formats, whose global scale it reads.
+void launch_gather_norm(const MailboxView& mb, OutputFormat format, const void* norm_weight, const float* global_scale,
+                        float eps, float gain_center, void* normed, void* a, void* a_sf, int b, bool enable_pdl,
+                        bool launch_next_early, cudaStream_t stream);
 // Loads the norm kernels (ExpertNorm's, the fused consumer's) now: lazy
 // loading would do it at the first launch, possibly under capture.
 void load_norm_kernels();

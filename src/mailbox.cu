@@ -47,7 +47,13 @@ LamportMailbox::LamportMailbox(Group& group, int tp, int rank, int capacity, int
   struct Shape {
     int32_t capacity, width;
     uint64_t guard_bytes;
-  } const mine{capacity, width, options.guard_bytes};
+    char uuid[16];  // the rank's GPU, to find ranks that share one
+  } mine{capacity, width, options.guard_bytes, {}};
+  {
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    std::memcpy(mine.uuid, prop.uuid.bytes, sizeof mine.uuid);
+  }
   const std::vector<uint8_t> shapes = group.all_gather(&mine, sizeof mine);
   for (int q = 0; q < tp; ++q) {
     Shape s;
@@ -56,6 +62,7 @@ LamportMailbox::LamportMailbox(Group& group, int tp, int rank, int capacity, int
                 "mailbox: rank ", q, " builds capacity ", s.capacity, ", width ", s.width, ", guard bytes ",
                 s.guard_bytes, " where rank ", rank, " builds ", capacity, ", ", width, ", ",
                 options.guard_bytes, "; every rank must build the same mailbox");
+    if (q != rank && std::memcmp(s.uuid, mine.uuid, sizeof mine.uuid) == 0) shares_device_ = true;
   }
   view_.spin_timeout_ns = static_cast<uint64_t>(options.spin_timeout_s * 1e9);
   view_.tp = tp;
@@ -145,7 +152,7 @@ void LamportMailbox::publish(const void* src, int b, cudaStream_t stream, const 
   detail::require_aligned(src, 16, "mailbox publish: src must be a non-null 16-byte aligned device pointer");
   check_threads(options.threads, "mailbox publish");
   detail::require_current_device(device_, "the mailbox");
-  detail::launch_mailbox_publish(view_, src, b, options.threads, options.enable_pdl, stream);
+  detail::launch_mailbox_publish(view_, src, b, options.threads, options.enable_pdl && !shares_device_, stream);
 }
 
 void LamportMailbox::publish(const TensorRef& src, cudaStream_t stream,
@@ -168,7 +175,7 @@ void LamportMailbox::gather(void* out, int b, cudaStream_t stream, const GatherO
   detail::require_disjoint(out, size_t(b) * tp_ * width_ * 2, memory_->local(), memory_->bytes(),
                            "mailbox gather: out may not overlap the mailbox");
   detail::require_current_device(device_, "the mailbox");
-  detail::launch_mailbox_gather(view_, out, b, options.threads, options.enable_pdl, stream);
+  detail::launch_mailbox_gather(view_, out, b, options.threads, options.enable_pdl && !shares_device_, stream);
 }
 
 void LamportMailbox::gather(const TensorRef& out, cudaStream_t stream,
@@ -186,6 +193,11 @@ void LamportMailbox::gather(const TensorRef& out, cudaStream_t stream,
 std::optional<std::string> LamportMailbox::timeout_report() const {
   const uint32_t r = *static_cast<volatile uint32_t*>(record_host_);
   if (!mailbox::record_valid(r)) return std::nullopt;
+  if (mailbox::record_kind(r) == mailbox::kNoPublish)
+    return detail::concat("mailbox protocol error on rank ", mailbox::record_rank(r), " (cuda:", device_,
+                          "): a consumer of stage ", mailbox::record_stage(r),
+                          " ran with no publish since the last consume (a skipped publish or a second gather); "
+                          "it would have returned the previous call's rows");
   return detail::concat("mailbox spin timeout on rank ", mailbox::record_rank(r), " (cuda:",
                         device_, "): stage ", mailbox::record_stage(r), ", source ",
                         mailbox::record_source(r), ", row ", mailbox::record_row(r),

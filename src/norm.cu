@@ -1,10 +1,11 @@
 // The norm family: ExpertNorm, the stock NVFP4 quantize kernel and the
-// Pooler's fused gather + norm + NVFP4 consumer (validation and launches).
+// Pooler's fused gather + norm (+ NVFP4) consumer's launch (its validation:
+// pooler.cu).
 // All three run the same device steps (kernels/norm/rms.cuh,
 // kernels/nvfp4/nvfp4.cuh).
 #include "cuda_utils.h"
 #include "kernels/common/launch.cuh"
-#include "kernels/consumer/gather_norm_nvfp4.cuh"
+#include "kernels/consumer/gather_norm.cuh"
 #include "kernels/norm/norm_kernels.cuh"
 #include "launchers.h"
 #include "spark_decode/error.h"
@@ -32,55 +33,51 @@ void launch_expert_norm(const void* x, const void* weight, void* y, int rows, in
   kernels::launch(kernels::expert_norm_kernel, shape, stream, args);
 }
 
-void launch_gather_norm_nvfp4(const MailboxView& mb, const void* norm_weight, const float* global_scale, float eps,
-                              float gain_center, void* a, void* a_sf, int b, bool enable_pdl, bool launch_next_early,
-                              cudaStream_t stream) {
-  kernels::GatherNormNvfp4Args args{};
+template <int FORMAT>
+void launch_gather_norm_format(const kernels::GatherNormArgs& args, int cols, bool enable_pdl, cudaStream_t stream) {
+  kernels::LaunchShape shape;
+  shape.grid = dim3(args.b);
+  shape.block = dim3(kernels::norm::threads_for(cols));
+  shape.enable_pdl = enable_pdl;
+  kernels::launch(kernels::gather_norm_kernel<FORMAT>, shape, stream, args);
+}
+
+void launch_gather_norm(const MailboxView& mb, OutputFormat format, const void* norm_weight, const float* global_scale,
+                        float eps, float gain_center, void* normed, void* a, void* a_sf, int b, bool enable_pdl,
+                        bool launch_next_early, cudaStream_t stream) {
+  static_assert(int(OutputFormat::bf16) == kernels::kFormatBf16 && int(OutputFormat::nvfp4) == kernels::kFormatNvfp4 &&
+                    int(OutputFormat::nvfp4_swizzled) == kernels::kFormatNvfp4Swizzled,
+                "keep the kernel's format numbers in step with OutputFormat");
+  kernels::GatherNormArgs args{};
   args.mailbox = mb;
   args.weight = static_cast<const __nv_bfloat16*>(norm_weight);
   args.global_scale = global_scale;
+  args.normed = static_cast<__nv_bfloat16*>(normed);
   args.a = static_cast<uint8_t*>(a);
   args.a_sf = static_cast<uint8_t*>(a_sf);
   args.b = b;
   args.eps = eps;
   args.gain_center = gain_center;
   args.launch_next_early = launch_next_early ? 1 : 0;
-  kernels::LaunchShape shape;
-  shape.grid = dim3(b);
-  shape.block = dim3(kernels::norm::threads_for(mb.tp * mb.width));
-  shape.enable_pdl = enable_pdl;
-  kernels::launch(kernels::gather_norm_nvfp4_kernel, shape, stream, args);
+  const int cols = mb.tp * mb.width;
+  switch (format) {
+    case OutputFormat::bf16: launch_gather_norm_format<kernels::kFormatBf16>(args, cols, enable_pdl, stream); break;
+    case OutputFormat::nvfp4: launch_gather_norm_format<kernels::kFormatNvfp4>(args, cols, enable_pdl, stream); break;
+    case OutputFormat::nvfp4_swizzled:
+      launch_gather_norm_format<kernels::kFormatNvfp4Swizzled>(args, cols, enable_pdl, stream);
+      break;
+  }
 }
 
 void load_norm_kernels() {
   cudaFuncAttributes attrs;
   CUDA_CHECK(cudaFuncGetAttributes(&attrs, kernels::expert_norm_kernel));
-  CUDA_CHECK(cudaFuncGetAttributes(&attrs, kernels::gather_norm_nvfp4_kernel));
+  CUDA_CHECK(cudaFuncGetAttributes(&attrs, kernels::gather_norm_kernel<kernels::kFormatBf16>));
+  CUDA_CHECK(cudaFuncGetAttributes(&attrs, kernels::gather_norm_kernel<kernels::kFormatNvfp4>));
+  CUDA_CHECK(cudaFuncGetAttributes(&attrs, kernels::gather_norm_kernel<kernels::kFormatNvfp4Swizzled>));
 }
 
 }  // namespace detail
-
-void gather_norm_nvfp4(LamportMailbox& mb, const void* norm_weight, const float* global_scale, float eps,
-                       float gain_center, void* a, void* a_sf, int b, cudaStream_t stream, bool enable_pdl,
-                       bool launch_next_early) {
-  const int cols = mb.tp() * mb.width();
-  SPARK_CHECK(b >= 1 && b <= mb.capacity(), "gather_norm_nvfp4: b = ", b, " outside [1, ", mb.capacity(),
-              "] (the mailbox capacity)");
-  SPARK_CHECK(mb.width() % kNvfp4Block == 0, "gather_norm_nvfp4: mailbox width ", mb.width(),
-              " must be a multiple of ", kNvfp4Block, " (an NVFP4 block may not straddle two ranks)");
-  if (auto reason = ExpertNorm::cols_unsupported(cols)) throw InvalidArgument("gather_norm_nvfp4: " + *reason);
-  SPARK_CHECK(aligned(norm_weight, 16) && aligned(global_scale, 4) && aligned(a, 16) && aligned(a_sf, 4),
-              "gather_norm_nvfp4: norm_weight and a must be 16-byte aligned, global_scale and a_sf 4-byte "
-              "aligned, all non-null device pointers");
-  SPARK_CHECK(eps >= 0.0f, "gather_norm_nvfp4: eps ", eps, " must be >= 0");
-  for (const auto& [p, bytes] : {std::pair<const void*, size_t>{a, size_t(b) * cols / 2},
-                                 std::pair<const void*, size_t>{a_sf, size_t(b) * cols / 16}})
-    detail::require_disjoint(p, bytes, mb.memory().local(), mb.memory().bytes(),
-                             "gather_norm_nvfp4: outputs may not overlap the mailbox");
-  detail::require_current_device(mb.device(), "gather_norm_nvfp4");
-  detail::launch_gather_norm_nvfp4(mb.view(), norm_weight, global_scale, eps, gain_center, a, a_sf, b, enable_pdl,
-                                   launch_next_early, stream);
-}
 
 std::optional<std::string> ExpertNorm::cols_unsupported(int cols) {
   const int threads = kernels::norm::threads_for(cols);
@@ -128,49 +125,53 @@ void ExpertNorm::run(const TensorRef& x, const TensorRef& y, cudaStream_t stream
 }
 
 void nvfp4_quantize(const void* y, const float* global_scale, void* a, void* a_sf, int rows, int cols,
-                    cudaStream_t stream, bool enable_pdl) {
+                    cudaStream_t stream, bool enable_pdl, ScaleLayout layout) {
   SPARK_CHECK(rows >= 1 && rows <= 65535 && cols > 0 && cols % kNvfp4Block == 0, "nvfp4_quantize: [",
               rows, ", ", cols, "] needs 1 <= rows <= 65535 and cols % ", kNvfp4Block, " == 0");
   SPARK_CHECK(aligned(y, 16) && aligned(a, 16) && aligned(a_sf, 4) && aligned(global_scale, 4),
               "nvfp4_quantize: y and a must be 16-byte aligned, a_sf and global_scale 4-byte aligned, "
               "all non-null device pointers");
-  const size_t y_bytes = size_t(rows) * cols * 2;
-  SPARK_CHECK(disjoint(y, y_bytes, a, y_bytes / 4) && disjoint(y, y_bytes, a_sf, y_bytes / 32) &&
-                  disjoint(a, y_bytes / 4, a_sf, y_bytes / 32),
+  const size_t y_bytes = size_t(rows) * cols * 2, a_bytes = y_bytes / 4;
+  const size_t sf_bytes = size_t(nvfp4_scale_rows(rows, layout)) * nvfp4_scale_cols(cols, layout);
+  SPARK_CHECK(disjoint(y, y_bytes, a, a_bytes) && disjoint(y, y_bytes, a_sf, sf_bytes) &&
+                  disjoint(a, a_bytes, a_sf, sf_bytes),
               "nvfp4_quantize: y, a and a_sf may not overlap");
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   detail::require_sm90(device, "nvfp4_quantize");
-  kernels::Nvfp4QuantizeArgs args{static_cast<const __nv_bfloat16*>(y), global_scale,
-                                  static_cast<uint8_t*>(a), static_cast<uint8_t*>(a_sf), cols};
+  kernels::Nvfp4QuantizeArgs args{static_cast<const __nv_bfloat16*>(y), global_scale, static_cast<uint8_t*>(a),
+                                  static_cast<uint8_t*>(a_sf), rows, cols, layout == ScaleLayout::swizzled};
   constexpr int kThreads = 128;
   kernels::LaunchShape shape;
-  shape.grid = dim3((cols / kNvfp4Block + kThreads - 1) / kThreads, rows);
+  shape.grid = dim3((nvfp4_scale_cols(cols, layout) + kThreads - 1) / kThreads, nvfp4_scale_rows(rows, layout));
   shape.block = dim3(kThreads);
   shape.enable_pdl = enable_pdl;
   kernels::launch(kernels::nvfp4_quantize_kernel, shape, stream, args);
 }
 
-void nvfp4_quantize(const TensorRef& y, const TensorRef& global_scale, const TensorRef& a,
-                    const TensorRef& a_sf, cudaStream_t stream, bool enable_pdl) {
-  SPARK_CHECK(y.ndim == 2 && y.dtype == DType::bf16 && y.is_contiguous(), "nvfp4_quantize: y ",
-              y.describe(), " must be contiguous BF16 [rows, cols]");
+void nvfp4_quantize(const TensorRef& y, const TensorRef& global_scale, const TensorRef& a, const TensorRef& a_sf,
+                    cudaStream_t stream, bool enable_pdl, ScaleLayout layout) {
+  SPARK_CHECK(y.ndim == 2 && y.dtype == DType::bf16 && y.is_contiguous(), "nvfp4_quantize: y ", y.describe(),
+              " must be contiguous BF16 [rows, cols]");
   const int64_t rows = y.shape[0], cols = y.shape[1];
   SPARK_CHECK(global_scale.numel() == 1 && global_scale.dtype == DType::f32, "nvfp4_quantize: global_scale ",
               global_scale.describe(), " must be one FP32 value");
-  SPARK_CHECK(a.ndim == 2 && a.shape[0] == rows && a.shape[1] * 2 == cols && a.dtype == DType::u8 &&
-                  a.is_contiguous(),
+  SPARK_CHECK(a.ndim == 2 && a.shape[0] == rows && a.shape[1] * 2 == cols && a.dtype == DType::u8 && a.is_contiguous(),
               "nvfp4_quantize: a ", a.describe(), " must be contiguous u8 [", rows, ", ", cols / 2, "]");
-  SPARK_CHECK(a_sf.ndim == 2 && a_sf.shape[0] == rows && a_sf.shape[1] * kNvfp4Block == cols &&
+  const int64_t sf_rows = rows > 0 && rows <= 65535 ? nvfp4_scale_rows(int(rows), layout) : rows;
+  const int64_t sf_cols = cols > 0 && cols % kNvfp4Block == 0 && cols <= (1 << 30)
+                              ? nvfp4_scale_cols(int(cols), layout)
+                              : cols / kNvfp4Block;
+  SPARK_CHECK(a_sf.ndim == 2 && a_sf.shape[0] == sf_rows && a_sf.shape[1] == sf_cols &&
                   (a_sf.dtype == DType::u8 || a_sf.dtype == DType::e4m3) && a_sf.is_contiguous(),
-              "nvfp4_quantize: a_sf ", a_sf.describe(), " must be contiguous u8/e4m3 [", rows, ", ",
-              cols / kNvfp4Block, "]");
+              "nvfp4_quantize: a_sf ", a_sf.describe(), " must be contiguous u8/e4m3 [", sf_rows, ", ", sf_cols,
+              "] (", scale_layout_name(layout), " scales)");
   for (const TensorRef* t : {&global_scale, &a, &a_sf})
-    SPARK_CHECK(t->device == y.device && y.device >= 0, "nvfp4_quantize: ", t->describe(),
-                " is not on y's device (", y.describe(), ")");
+    SPARK_CHECK(t->device == y.device && y.device >= 0, "nvfp4_quantize: ", t->describe(), " is not on y's device (",
+                y.describe(), ")");
   detail::require_current_device(y.device, "nvfp4_quantize");
-  nvfp4_quantize(y.data, static_cast<const float*>(global_scale.data), a.data, a_sf.data,
-                 static_cast<int>(rows), static_cast<int>(cols), stream, enable_pdl);
+  nvfp4_quantize(y.data, static_cast<const float*>(global_scale.data), a.data, a_sf.data, static_cast<int>(rows),
+                 static_cast<int>(cols), stream, enable_pdl, layout);
 }
 
 }  // namespace spark_decode

@@ -17,7 +17,7 @@ const char* kernel_name(uint16_t kernel) {
     case kSkinny: return "skinny";
     case kPublish: return "publish";
     case kGather: return "gather";
-    case kGatherNormNvfp4: return "gather_norm_nvfp4";
+    case kGatherNorm: return "gather_norm";
     case kRingMma: return "ring_mma";
     default: return "unknown";
   }

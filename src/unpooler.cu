@@ -43,6 +43,7 @@ Unpooler::Unpooler(const TensorRef& weight, Options options)
     SPARK_CHECK(mailbox_->device() == device_, "the mailbox is on cuda:", mailbox_->device(),
                 ", the unpooler weight on cuda:", device_);
     max_m_ = std::min(kMaxBatch, mailbox_->capacity());
+    enable_pdl_ = enable_pdl_ && !mailbox_->shares_device();  // see LamportMailbox::shares_device
     if (options.ticket) {
       const TensorRef& t = *options.ticket;
       SPARK_CHECK(t.dtype == DType::i32 && t.ndim == 1 && t.shape[0] == 1 && t.device == mailbox_->device() &&

@@ -39,7 +39,7 @@ KERNELS = {
     # The ring engine's weights go to shared memory by cp.async (LDGSTS).
     "15ring_mma_kernel": (2, True),
     # The fused consumer reads its norm weight (a parameter) before the wait.
-    "24gather_norm_nvfp4_kernel": (2, False),
+    "18gather_norm_kernel": (2, False),
     # The mailbox's own kernels read nothing before it.
     "22mailbox_publish_kernel": (0, False),
     "21mailbox_gather_kernel": (0, False),
@@ -90,7 +90,7 @@ def x_after_copies(code, wait):
 # apart per Pooler layer (docs/perf/consumer.md); PREEXIT has no memory effect,
 # so ptxas may move it, and this says if it did (a copy of the kernel without
 # the first point fails here: checked by hand, 2026-12-02).
-LAUNCH_POINTS = ("24gather_norm_nvfp4_kernel",)
+LAUNCH_POINTS = ("18gather_norm_kernel",)
 
 
 def launch_points_missing(code, wait):

@@ -156,12 +156,22 @@ class LamportMailbox {
   // The whole allocation, guards included (view().copies[rank()] and
   // view().state lie in it).
   const SymmetricMemory& memory() const { return *memory_; }
+  // Whether another rank of the group runs on this rank's GPU (found at
+  // construction from the GPUs' UUIDs). Then every kernel that publishes into
+  // or consumes from this mailbox (its own, the zero-copy Unpooler's, the
+  // Pooler's) launches without programmatic dependent launch: CTAs of a
+  // rank's next kernel, launched early and parked in griddepcontrol.wait,
+  // could fill the SMs a peer's producer needs while this rank's consumer
+  // spins on it (docs/design.md, "The Lamport mailbox protocol", ordering 6).
+  // The bits are the same; only the overlap between kernels is lost.
+  bool shares_device() const { return shares_device_; }
 
  private:
   int tp_, rank_, capacity_, width_, device_;
   Group* group_;
   std::unique_ptr<SymmetricMemory> memory_;
   MailboxView view_;
+  bool shares_device_ = false;
   uint32_t* record_host_ = nullptr;
 };
 

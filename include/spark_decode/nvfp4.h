@@ -1,6 +1,7 @@
 // spark_decode/nvfp4.h: NVFP4 (block 16, E4M3 block scales, E2M1 codes) as
-// vLLM's scaled_fp4_quant computes it, with the linear (not swizzled) scale
-// layout. docs/design.md, "Exact semantics".
+// vLLM's scaled_fp4_quant computes it, with its linear or its swizzled
+// (is_sf_swizzled_layout=True) scale layout. docs/design.md, "Exact
+// semantics".
 //
 // Per block of 16 consecutive BF16 values y of a row, with the FP32 global
 // scale gs:
@@ -37,6 +38,21 @@ namespace spark_decode {
 
 inline constexpr int kNvfp4Block = 16;
 
+// Where the block scales a_sf go (src/kernels/nvfp4/scale_layout.h):
+//   linear    [rows][cols / 16], row-major;
+//   swizzled  vLLM's 128x4 layout: [round_up(rows, 128)][round_up(cols / 16,
+//             4)] bytes, tiles of 128 rows x 4 scale columns (512 bytes),
+//             row r, scale column c at byte ((r / 128) * (scale columns / 4)
+//             + c / 4) * 512 + (r % 32) * 16 + ((r % 128) / 32) * 4 + c % 4;
+//             the padding rows and columns hold zero.
+enum class ScaleLayout { linear, swizzled };
+const char* scale_layout_name(ScaleLayout layout);
+// Rows and columns of a_sf for y [rows, cols] (cols % 16 == 0).
+int nvfp4_scale_rows(int rows, ScaleLayout layout);
+int nvfp4_scale_cols(int cols, ScaleLayout layout);
+// The byte of a_sf holding the scale of block `blk` of row `row`.
+int64_t nvfp4_scale_offset(int row, int blk, int cols, ScaleLayout layout);
+
 // ---- 1. CPU conversions ------------------------------------------------------
 
 // Float to an E2M1 code (bits 0..3: sign in bit 3), round to nearest even,
@@ -59,17 +75,20 @@ namespace reference {
 // file comment).
 uint8_t nvfp4_quantize_block(const float* y16, float global_scale, uint8_t* packed8);
 
-// y BF16 bits [rows, cols] (cols % 16 == 0) -> a [rows, cols / 2] and
-// a_sf [rows, cols / 16], host memory, row-major.
-void nvfp4_quantize(const uint16_t* y, int rows, int cols, float global_scale, uint8_t* a,
-                    uint8_t* a_sf);
+// y BF16 bits [rows, cols] (cols % 16 == 0) -> a [rows, cols / 2] and a_sf
+// (nvfp4_scale_rows x nvfp4_scale_cols bytes in `layout`, its padding
+// zeroed), host memory.
+void nvfp4_quantize(const uint16_t* y, int rows, int cols, float global_scale, uint8_t* a, uint8_t* a_sf,
+                    ScaleLayout layout = ScaleLayout::linear);
 
 }  // namespace reference
 
 // ---- 3. the stock quantize kernel ------------------------------------------------
 
-// a[rows, cols/2] u8 and a_sf[rows, cols/16] u8 (E4M3 bytes) from y[rows, cols]
-// BF16, with the global scale read from global_scale (device, FP32 [1]).
+// a[rows, cols/2] u8 and a_sf (E4M3 bytes, nvfp4_scale_rows x
+// nvfp4_scale_cols in `layout`, the swizzled layout's padding written zero)
+// from y[rows, cols] BF16, with the global scale read from global_scale
+// (device, FP32 [1]).
 // Requirements (InvalidArgument, nothing launched): cols > 0, cols % 16 == 0,
 // 1 <= rows <= 65535 (the grid's y); y, a 16-byte aligned, a_sf and
 // global_scale 4-byte aligned, all non-null device pointers of the current
@@ -78,10 +97,13 @@ void nvfp4_quantize(const uint16_t* y, int rows, int cols, float global_scale, u
 // May not allocate or synchronise; capturable. With enable_pdl the kernel
 // waits (griddepcontrol.wait) before reading y and global_scale.
 void nvfp4_quantize(const void* y, const float* global_scale, void* a, void* a_sf, int rows,
-                    int cols, cudaStream_t stream, bool enable_pdl = true);
+                    int cols, cudaStream_t stream, bool enable_pdl = true,
+                    ScaleLayout layout = ScaleLayout::linear);
 // The same on views: y BF16 [rows, cols], global_scale F32 [1], a U8
-// [rows, cols / 2], a_sf U8 or E4M3 [rows, cols / 16], contiguous, one device.
+// [rows, cols / 2], a_sf U8 or E4M3 [nvfp4_scale_rows, nvfp4_scale_cols],
+// contiguous, one device.
 void nvfp4_quantize(const TensorRef& y, const TensorRef& global_scale, const TensorRef& a,
-                    const TensorRef& a_sf, cudaStream_t stream, bool enable_pdl = true);
+                    const TensorRef& a_sf, cudaStream_t stream, bool enable_pdl = true,
+                    ScaleLayout layout = ScaleLayout::linear);
 
 }  // namespace spark_decode

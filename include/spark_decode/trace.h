@@ -27,7 +27,7 @@ enum Kernel : uint16_t {
   kSkinny = 2,           // the skinny GEMM engine
   kPublish = 3,          // LamportMailbox::publish
   kGather = 4,           // LamportMailbox::gather
-  kGatherNormNvfp4 = 5,  // the Pooler's fused gather + norm + NVFP4
+  kGatherNorm = 5,       // the Pooler's fused gather + norm (+ NVFP4)
   kRingMma = 6           // the ring MMA engine
 };
 const char* kernel_name(uint16_t kernel);

@@ -205,8 +205,9 @@ class CallbackGroup final : public sd::Group {
 
 py::dict pooler_output(const sd::PoolerOutput& o) {
   py::dict d;
-  d["nvfp4"] = o.nvfp4;
-  if (o.nvfp4) {
+  d["format"] = sd::format_name(o.format);
+  d["nvfp4"] = o.format != sd::OutputFormat::bf16;
+  if (o.format != sd::OutputFormat::bf16) {
     d["a"] = describe(o.a);
     d["a_sf"] = describe(o.a_sf);
   } else {

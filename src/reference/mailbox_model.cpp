@@ -19,6 +19,12 @@ MailboxTimeout::MailboxTimeout(int rank_, int stage_, int source_, int row_,
       source(source_),
       row(row_) {}
 
+MailboxNoPublish::MailboxNoPublish(int rank_, int stage_)
+    : RuntimeError(detail::concat("mailbox protocol error: rank ", rank_, " consumed stage ", stage_,
+                                  " with no publish since the last consume")),
+      rank(rank_),
+      stage(stage_) {}
+
 MailboxModel::MailboxModel(int tp, int capacity, int width) {
   SPARK_CHECK(tp >= 1 && tp <= mailbox::kMaxRanks, "mailbox model: tp ", tp, " outside 1..",
               mailbox::kMaxRanks);
@@ -70,6 +76,9 @@ void MailboxModel::consume(int rank, uint16_t* out, int b, std::chrono::nanoseco
   const uint32_t active =
       state_[rank * mailbox::kStateWords + kActiveWord].load(std::memory_order_relaxed);
   const int stage = mailbox::word_stage(active);
+  // The device consumers' check (kernels/mailbox/device.cuh, check_published).
+  if (state_[rank * mailbox::kStateWords + kNextWord].load(std::memory_order_relaxed) != active)
+    throw MailboxNoPublish(rank, stage);
   const int rows_before = mailbox::word_rows(active);
   const int64_t out_width = int64_t(L.tp) * L.width;
   const auto start = std::chrono::steady_clock::now();

@@ -39,6 +39,13 @@ class MailboxTimeout : public RuntimeError {
   int rank, stage, source, row;
 };
 
+// A consume with no publish since the last one (ACTIVE != NEXT).
+class MailboxNoPublish : public RuntimeError {
+ public:
+  MailboxNoPublish(int rank, int stage);
+  int rank, stage;
+};
+
 class MailboxModel {
  public:
   // tp ranks in 1..8, capacity rows in 1..65535, width > 0 and a multiple of 8.
@@ -55,7 +62,8 @@ class MailboxModel {
   // copy and writes them to out ([b, tp * width], column block q from source
   // q), then clears the stage of the call before and advances. Throws
   // MailboxTimeout (naming rank, stage, source, row) if a slot stays empty
-  // for `timeout`.
+  // for `timeout`, MailboxNoPublish if this rank published nothing since its
+  // last consume.
   void consume(int rank, uint16_t* out, int b, std::chrono::nanoseconds timeout);
 
   // Rank `rank`'s copy, for checks. Reading a stage a peer may be writing

@@ -4,6 +4,7 @@
 // compiled with floating-point contraction (-ffp-contract=fast) or x87
 // excess precision: C++20 on x86-64 with GCC/Clang (ISO mode, SSE) has
 // neither by default.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -11,6 +12,7 @@
 #include "spark_decode/bf16.h"
 #include "spark_decode/error.h"
 #include "spark_decode/nvfp4.h"
+#include "kernels/nvfp4/scale_layout.h"
 
 namespace spark_decode {
 
@@ -64,6 +66,22 @@ float e4m3_to_float(uint8_t v) {
   return (v & 0x80) ? -mag : mag;
 }
 
+const char* scale_layout_name(ScaleLayout layout) { return layout == ScaleLayout::linear ? "linear" : "swizzled"; }
+
+int nvfp4_scale_rows(int rows, ScaleLayout layout) {
+  return layout == ScaleLayout::linear ? rows : nvfp4_layout::swizzled_rows(rows);
+}
+
+int nvfp4_scale_cols(int cols, ScaleLayout layout) {
+  return layout == ScaleLayout::linear ? cols / kNvfp4Block : nvfp4_layout::swizzled_cols(cols / kNvfp4Block);
+}
+
+int64_t nvfp4_scale_offset(int row, int blk, int cols, ScaleLayout layout) {
+  const int scale_cols = cols / kNvfp4Block;
+  return layout == ScaleLayout::linear ? int64_t(row) * scale_cols + blk
+                                       : nvfp4_layout::swizzled_offset(row, blk, scale_cols);
+}
+
 namespace reference {
 
 uint8_t nvfp4_quantize_block(const float* y, float global_scale, uint8_t* packed) {
@@ -82,16 +100,17 @@ uint8_t nvfp4_quantize_block(const float* y, float global_scale, uint8_t* packed
   return sf;
 }
 
-void nvfp4_quantize(const uint16_t* y, int rows, int cols, float global_scale, uint8_t* a,
-                    uint8_t* a_sf) {
+void nvfp4_quantize(const uint16_t* y, int rows, int cols, float global_scale, uint8_t* a, uint8_t* a_sf,
+                    ScaleLayout layout) {
   SPARK_CHECK(rows >= 0 && cols > 0 && cols % kNvfp4Block == 0, "nvfp4 reference: [", rows, ", ",
               cols, "] needs cols % ", kNvfp4Block, " == 0");
+  std::fill(a_sf, a_sf + size_t(nvfp4_scale_rows(rows, layout)) * nvfp4_scale_cols(cols, layout), uint8_t(0));
   float block[kNvfp4Block];
   for (int r = 0; r < rows; ++r)
     for (int b = 0; b < cols / kNvfp4Block; ++b) {
       for (int i = 0; i < kNvfp4Block; ++i)
         block[i] = bf16_to_float(y[size_t(r) * cols + b * kNvfp4Block + i]);
-      a_sf[size_t(r) * (cols / kNvfp4Block) + b] =
+      a_sf[nvfp4_scale_offset(r, b, cols, layout)] =
           nvfp4_quantize_block(block, global_scale, a + size_t(r) * (cols / 2) + b * 8);
     }
 }

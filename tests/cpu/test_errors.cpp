@@ -72,7 +72,7 @@ TEST(Trace, OffUnlessConfiguredAndSaysHow) {
   EXPECT_THROW(sd::trace::stop(), sd::RuntimeError);
 #endif
   EXPECT_STREQ(sd::trace::kernel_name(sd::trace::kSplitKMma), "splitk_mma");
-  EXPECT_STREQ(sd::trace::kernel_name(sd::trace::kGatherNormNvfp4), "gather_norm_nvfp4");
+  EXPECT_STREQ(sd::trace::kernel_name(sd::trace::kGatherNorm), "gather_norm");
   EXPECT_STREQ(sd::trace::kernel_name(sd::trace::kRingMma), "ring_mma");
   EXPECT_STREQ(sd::trace::kernel_name(0), "unknown");
 }

@@ -291,3 +291,28 @@ TEST(MailboxProtocol, WordsAndTimeoutRecordsFollowTheSpecLayout) {
 }
 
 }  // namespace
+
+// A consume with no publish since the last one (a skipped publish, a second
+// gather) is refused by name instead of returning the last call's rows.
+TEST(MailboxModel, ConsumeWithoutPublishIsNamed) {
+  sd::reference::MailboxModel m(1, 4, 8);
+  std::vector<uint16_t> src(4 * 8, 0x3f80), out(4 * 8);
+  m.publish(0, src.data(), 2);
+  m.consume(0, out.data(), 2, std::chrono::milliseconds(100));
+  try {
+    m.consume(0, out.data(), 2, std::chrono::milliseconds(100));
+    FAIL() << "a second consume without a publish returned";
+  } catch (const sd::reference::MailboxNoPublish& e) {
+    EXPECT_EQ(e.rank, 0);
+    EXPECT_EQ(e.stage, 0);
+    EXPECT_NE(std::string(e.what()).find("no publish since the last consume"), std::string::npos) << e.what();
+  }
+  // The protocol goes on once the call publishes.
+  m.publish(0, src.data(), 3);
+  m.consume(0, out.data(), 3, std::chrono::milliseconds(100));
+  EXPECT_EQ(out[0], 0x3f80);
+  const uint32_t r = sd::mailbox::make_record(sd::mailbox::kNoPublish, 3, 2, 0, 0);
+  EXPECT_EQ(sd::mailbox::record_kind(r), sd::mailbox::kNoPublish);
+  EXPECT_EQ(sd::mailbox::record_rank(r), 3);
+  EXPECT_EQ(sd::mailbox::record_kind(sd::mailbox::make_timeout_record(3, 2, 1, 7)), sd::mailbox::kTimeout);
+}

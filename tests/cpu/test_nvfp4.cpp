@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "spark_decode/bf16.h"
+#include "kernels/nvfp4/scale_layout.h"
 #include "spark_decode/nvfp4.h"
 
 namespace sd = spark_decode;
@@ -229,4 +230,76 @@ TEST(Nvfp4Reference, RowsUseLinearLayout) {
   const uint8_t want_code[4] = {0x77, 0xff, 0x00, 0x77};
   for (int i = 0; i < 4; ++i) EXPECT_EQ(sf[i], want_sf[i]) << i;
   for (int i = 0; i < 32; ++i) EXPECT_EQ(a[i], want_code[i / 8]) << i;
+}
+
+// The swizzled 128x4 scale layout (spark_decode/nvfp4.h): hand-worked
+// offsets, then every (row, column) of a few shapes mapped to a distinct
+// byte inside the padded buffer (a brute-force inverse), padding zeroed by
+// the reference quantizer.
+TEST(Nvfp4ScaleLayout, SwizzledOffsetsByHand) {
+  using sd::ScaleLayout;
+  const int cols = 4096;  // 256 scale columns: 64 tiles of 4 per 128-row band
+  EXPECT_EQ(sd::nvfp4_scale_rows(1, ScaleLayout::swizzled), 128);
+  EXPECT_EQ(sd::nvfp4_scale_rows(129, ScaleLayout::swizzled), 256);
+  EXPECT_EQ(sd::nvfp4_scale_cols(cols, ScaleLayout::swizzled), 256);
+  EXPECT_EQ(sd::nvfp4_scale_cols(16 * 5, ScaleLayout::swizzled), 8);  // 5 scale columns pad to 8
+  EXPECT_EQ(sd::nvfp4_scale_rows(7, ScaleLayout::linear), 7);
+  EXPECT_EQ(sd::nvfp4_scale_cols(cols, ScaleLayout::linear), 256);
+  // Row 0: columns 0..3 are the tile's first 4 bytes, column 4 the next tile.
+  EXPECT_EQ(sd::nvfp4_scale_offset(0, 0, cols, ScaleLayout::swizzled), 0);
+  EXPECT_EQ(sd::nvfp4_scale_offset(0, 3, cols, ScaleLayout::swizzled), 3);
+  EXPECT_EQ(sd::nvfp4_scale_offset(0, 4, cols, ScaleLayout::swizzled), 512);
+  // Rows 0..31 are 16 bytes apart; row 32 starts the second group of 4
+  // bytes in the same 16; row 127 the last group of row 31's 16.
+  EXPECT_EQ(sd::nvfp4_scale_offset(1, 0, cols, ScaleLayout::swizzled), 16);
+  EXPECT_EQ(sd::nvfp4_scale_offset(31, 0, cols, ScaleLayout::swizzled), 496);
+  EXPECT_EQ(sd::nvfp4_scale_offset(32, 0, cols, ScaleLayout::swizzled), 4);
+  EXPECT_EQ(sd::nvfp4_scale_offset(127, 3, cols, ScaleLayout::swizzled), 31 * 16 + 3 * 4 + 3);
+  // Row 128: the next band, after 64 tiles of 512 bytes.
+  EXPECT_EQ(sd::nvfp4_scale_offset(128, 0, cols, ScaleLayout::swizzled), 64 * 512);
+  EXPECT_EQ(sd::nvfp4_scale_offset(130, 9, cols, ScaleLayout::swizzled), 64 * 512 + 2 * 512 + 2 * 16 + 1);
+  EXPECT_EQ(sd::nvfp4_scale_offset(5, 7, cols, ScaleLayout::linear), 5 * 256 + 7);
+}
+
+TEST(Nvfp4ScaleLayout, SwizzledIsABijectionOntoThePaddedBuffer) {
+  using sd::ScaleLayout;
+  for (auto [rows, cols] : {std::pair{1, 512}, {16, 4096}, {129, 16 * 5}, {300, 16 * 12}}) {
+    const int pr = sd::nvfp4_scale_rows(rows, ScaleLayout::swizzled), pc = sd::nvfp4_scale_cols(cols, ScaleLayout::swizzled);
+    std::vector<int> owner(size_t(pr) * pc, -1);
+    // Every padded (row, column), including the padding, lands on its own byte.
+    for (int r = 0; r < pr; ++r)
+      for (int c = 0; c < pc; ++c) {
+        const int64_t o = sd::nvfp4_layout::swizzled_offset(r, c, cols / 16);
+        ASSERT_GE(o, 0);
+        ASSERT_LT(o, int64_t(owner.size())) << rows << "x" << cols << " r " << r << " c " << c;
+        ASSERT_EQ(owner[o], -1) << rows << "x" << cols << " r " << r << " c " << c << " collides";
+        owner[o] = r * pc + c;
+      }
+    for (int v : owner) ASSERT_NE(v, -1);
+  }
+}
+
+TEST(Nvfp4ScaleLayout, ReferenceQuantizerWritesEachLayoutAndZeroPadding) {
+  const int rows = 3, cols = 16 * 5;
+  std::vector<uint16_t> y(size_t(rows) * cols);
+  for (size_t i = 0; i < y.size(); ++i) y[i] = sd::float_to_bf16_rne(0.25f * float(int(i % 23) - 11));
+  std::vector<uint8_t> a1(rows * cols / 2), s1(rows * cols / 16), a2(a1.size());
+  std::vector<uint8_t> s2(size_t(sd::nvfp4_scale_rows(rows, sd::ScaleLayout::swizzled)) *
+                              sd::nvfp4_scale_cols(cols, sd::ScaleLayout::swizzled),
+                          0xcd);
+  sd::reference::nvfp4_quantize(y.data(), rows, cols, 4.0f, a1.data(), s1.data());
+  sd::reference::nvfp4_quantize(y.data(), rows, cols, 4.0f, a2.data(), s2.data(), sd::ScaleLayout::swizzled);
+  EXPECT_EQ(a1, a2);  // the codes do not depend on the scale layout
+  int nonzero = 0;
+  for (int r = 0; r < sd::nvfp4_scale_rows(rows, sd::ScaleLayout::swizzled); ++r)
+    for (int c = 0; c < sd::nvfp4_scale_cols(cols, sd::ScaleLayout::swizzled); ++c) {
+      const uint8_t got = s2[sd::nvfp4_layout::swizzled_offset(r, c, cols / 16)];
+      if (r < rows && c < cols / 16) {
+        EXPECT_EQ(got, s1[r * (cols / 16) + c]) << r << " " << c;
+        nonzero += got != 0;
+      } else {
+        EXPECT_EQ(got, 0) << "padding " << r << " " << c;
+      }
+    }
+  EXPECT_GT(nonzero, 0);
 }

@@ -177,4 +177,49 @@ TEST(Mailbox, ZzSkippedCallTimesOutInsteadOfHanging) {
   expect_timeout_outcome(rank0, timeout_s);
 }
 
+// The same where one GPU is lent: two ranks sharing it (the mailbox then
+// launches without programmatic dependent launch, so rank 0's consumer
+// spinning never stops the other rank from running).
+TEST(Mailbox, ZzSkippedCallTimesOutTp2OnOneGpu) {
+  SKIP_WITHOUT_GPU(1);
+  const double timeout_s = 0.5;
+  TimeoutOutcome rank0;
+  const auto failures = run_on_gpus(
+      2,
+      [&](sd::Group& g, int r) {
+        const TimeoutOutcome o = skipped_call_times_out(g, r, timeout_s);
+        if (g.rank() == 0) rank0 = o;
+      },
+      1);
+  for (const auto& f : failures) ADD_FAILURE() << f;
+  expect_timeout_outcome(rank0, timeout_s);
+}
+
+// A gather with no publish since the last one must not return the last
+// call's rows: it ends in the named protocol error (and traps: the last
+// test of this process).
+TEST(Mailbox, ZzGatherWithoutPublishIsNamed) {
+  SKIP_WITHOUT_GPU(1);
+  auto shared = sd::InProcessGroup::make_shared(1);
+  sd::InProcessGroup g(shared, 0);
+  sd::LamportMailbox mb(g, 1, 0, 16, 256, 0);
+  GuardedBuffer src(16 * 256 * 2), out(16 * 256 * 2);
+  src.fill(0);
+  for (int k = 0; k < 3; ++k) {
+    mb.publish(src.get(), 2, nullptr);
+    mb.gather(out.get(), 2, nullptr);
+  }
+  mb.synchronize(nullptr);
+  mb.gather(out.get(), 2, nullptr);  // no publish
+  std::string error;
+  try {
+    mb.synchronize(nullptr);
+  } catch (const sd::RuntimeError& e) {
+    error = e.what();
+  }
+  std::printf("gather without publish: %s\n", error.c_str());
+  EXPECT_NE(error.find("no publish since the last consume"), std::string::npos) << error;
+  EXPECT_NE(error.find("rank 0"), std::string::npos) << error;
+}
+
 }  // namespace

@@ -56,8 +56,14 @@ void pooler_steps(sd::Group& group, int device, int pooled, int steps, const std
                                                       {pooled}, device);
     layers[l].eps = l % 2 ? 1e-6f : 1e-5f;
     layers[l].gain_center = 1.0f;
-    if (l != 0 && l != L - 1)
+    if (l != 0 && l != L - 1) {
       layers[l].global_scale = sd::TensorRef::contiguous(gs.as<float>() + l, sd::DType::f32, {1}, device);
+      // Every format among the NVFP4 layers: normed BF16 rows (what Hopper's
+      // weight-only MoE kernels take), linear and swizzled scales.
+      layers[l].format = l % 3 == 0   ? sd::OutputFormat::bf16
+                         : l % 3 == 1 ? sd::OutputFormat::nvfp4
+                                      : sd::OutputFormat::nvfp4_swizzled;
+    }
   }
   gs.upload(scales.data(), L * 4);
   sd::PoolerOptions options;
@@ -67,53 +73,78 @@ void pooler_steps(sd::Group& group, int device, int pooled, int steps, const std
   TestStream stream;
   pooler.warm_up(stream);
 
+  // Every layer's record: a [cap, P/2], a_sf up to the swizzled layout's
+  // [128, P/16], normed [cap, P].
+  const size_t sf_slot = size_t(sd::nvfp4_scale_rows(cap, sd::ScaleLayout::swizzled)) * pooled / 16;
   DeviceBuffer x(size_t(L) * cap * H * 2), rec_shard(size_t(L) * cap * shard * 2), rec_a(size_t(L) * cap * pooled / 2),
-      rec_sf(size_t(L) * cap * pooled / 16), rec_n(size_t(L) * cap * pooled * 2);
-  // One step over every layer: Pooler::run, or project + publish + gather.
-  // With run(), the projection the stock path needs is taken by a second
-  // project() after it (the GEMM is bitwise reproducible; project touches no
-  // mailbox state), once the outputs have been copied out.
-  auto one_step = [&](int b, bool use_run) {
+      rec_sf(size_t(L) * sf_slot), rec_n(size_t(L) * cap * pooled * 2);
+  auto record_of = [&](int l, int b, sd::OutputFormat format) {
+    const sd::PoolerOutputSpec spec = sd::pooler_output_spec(format, b, pooled);
+    sd::PoolerOutput o;
+    o.format = format;
+    if (format == sd::OutputFormat::bf16) {
+      o.normed = sd::TensorRef::contiguous(rec_n.as<uint16_t>() + size_t(l) * cap * pooled, sd::DType::bf16,
+                                           {b, pooled}, device);
+    } else {
+      o.a = sd::TensorRef::contiguous(rec_a.as<uint8_t>() + size_t(l) * cap * pooled / 2, sd::DType::u8,
+                                      {b, pooled / 2}, device);
+      o.a_sf = sd::TensorRef::contiguous(rec_sf.as<uint8_t>() + size_t(l) * sf_slot, sd::DType::e4m3,
+                                         {spec.a_sf.shape[0], spec.a_sf.shape[1]}, device);
+    }
+    return o;
+  };
+  // One step over every layer: Pooler::run into scratch (copied out), into
+  // the caller's outputs (the records themselves), or project + publish +
+  // gather. With run(), the projection the stock path needs is taken by a
+  // second project() after it (the GEMM is bitwise reproducible; project
+  // touches no mailbox state), once the outputs have been copied out.
+  enum Mode { kSplit, kRun, kRunInto };
+  auto one_step = [&](int b, int mode) {
     for (int l = 0; l < L; ++l) {
       const uint16_t* xl = x.as<uint16_t>() + size_t(l) * cap * H;
-      sd::PoolerOutput out;
-      if (!use_run) {
-        const auto s = pooler.project(l, xl, b, stream);
-        CUDA_CHECK(cudaMemcpyAsync(rec_shard.as<uint16_t>() + size_t(l) * cap * shard, s.data, size_t(b) * shard * 2,
-                                   cudaMemcpyDeviceToDevice, stream));
-        pooler.publish(b, stream);
-        out = pooler.gather(l, b, stream);
+      const sd::PoolerOutput rec = record_of(l, b, pooler.format(l));
+      if (mode == kRunInto) {
+        pooler.run(l, sd::TensorRef::contiguous(xl, sd::DType::bf16, {b, H}, device), rec, stream);
       } else {
-        out = pooler.run(l, xl, b, stream);
+        sd::PoolerOutput out;
+        if (mode == kSplit) {
+          const auto s = pooler.project(l, xl, b, stream);
+          CUDA_CHECK(cudaMemcpyAsync(rec_shard.as<uint16_t>() + size_t(l) * cap * shard, s.data,
+                                     size_t(b) * shard * 2, cudaMemcpyDeviceToDevice, stream));
+          pooler.publish(b, stream);
+          out = pooler.gather(l, b, stream);
+        } else {
+          out = pooler.run(l, xl, b, stream);
+        }
+        POOLER_REQUIRE(out.format == sd::format_of(layers[l]), "layer ", l, ": wrong output format");
+        const bool nvfp4 = out.format != sd::OutputFormat::bf16;
+        const sd::TensorRef& view = nvfp4 ? out.a : out.normed;
+        POOLER_REQUIRE(view.ndim == 2 && view.shape[0] == b && (!nvfp4 || out.a_sf.shape[0] == rec.a_sf.shape[0]),
+                       "layer ", l, ": the output view is not b = ", b, " rows");
+        if (nvfp4) {
+          CUDA_CHECK(cudaMemcpyAsync(rec.a.data, out.a.data, size_t(b) * pooled / 2, cudaMemcpyDeviceToDevice, stream));
+          CUDA_CHECK(cudaMemcpyAsync(rec.a_sf.data, out.a_sf.data, size_t(rec.a_sf.numel()), cudaMemcpyDeviceToDevice,
+                                     stream));
+        } else {
+          CUDA_CHECK(cudaMemcpyAsync(rec.normed.data, out.normed.data, size_t(b) * pooled * 2,
+                                     cudaMemcpyDeviceToDevice, stream));
+        }
       }
-      POOLER_REQUIRE(out.nvfp4 == (l != 0 && l != L - 1), "layer ", l, ": wrong output form");
-      const sd::TensorRef& view = out.nvfp4 ? out.a : out.normed;
-      POOLER_REQUIRE(view.ndim == 2 && view.shape[0] == b && (!out.nvfp4 || out.a_sf.shape[0] == b), "layer ", l,
-                     ": the output view is not b = ", b, " rows");
-      if (out.nvfp4) {
-        CUDA_CHECK(cudaMemcpyAsync(rec_a.as<uint8_t>() + size_t(l) * cap * pooled / 2, out.a.data,
-                                   size_t(b) * pooled / 2, cudaMemcpyDeviceToDevice, stream));
-        CUDA_CHECK(cudaMemcpyAsync(rec_sf.as<uint8_t>() + size_t(l) * cap * pooled / 16, out.a_sf.data,
-                                   size_t(b) * pooled / 16, cudaMemcpyDeviceToDevice, stream));
-      } else {
-        CUDA_CHECK(cudaMemcpyAsync(rec_n.as<uint16_t>() + size_t(l) * cap * pooled, out.normed.data,
-                                   size_t(b) * pooled * 2, cudaMemcpyDeviceToDevice, stream));
-      }
-      if (use_run) {
+      if (mode != kSplit) {
         const auto s = pooler.project(l, xl, b, stream);
         CUDA_CHECK(cudaMemcpyAsync(rec_shard.as<uint16_t>() + size_t(l) * cap * shard, s.data, size_t(b) * shard * 2,
                                    cudaMemcpyDeviceToDevice, stream));
       }
     }
   };
-  std::map<std::pair<int, bool>, cudaGraphExec_t> graphs;  // by (b, use_run)
+  std::map<std::pair<int, int>, cudaGraphExec_t> graphs;  // by (b, mode)
   for (int b : batches)
-    for (bool use_run : {false, true}) {
+    for (int mode : {kSplit, kRun, kRunInto}) {
       cudaGraph_t graph;
       CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-      one_step(b, use_run);
+      one_step(b, mode);
       CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-      CUDA_CHECK(cudaGraphInstantiate(&graphs[{b, use_run}], graph, 0));
+      CUDA_CHECK(cudaGraphInstantiate(&graphs[{b, mode}], graph, 0));
       CUDA_CHECK(cudaGraphDestroy(graph));
     }
   // Stock path pieces.
@@ -121,7 +152,7 @@ void pooler_steps(sd::Group& group, int device, int pooled, int steps, const std
   for (int l = 0; l < L; ++l)
     norms.push_back(std::make_unique<sd::ExpertNorm>(layers[l].norm_weight, layers[l].eps, layers[l].gain_center));
   DeviceBuffer full(size_t(cap) * pooled * 2), normed(size_t(cap) * pooled * 2), sa(size_t(cap) * pooled / 2),
-      ssf(size_t(cap) * pooled / 16);
+      ssf(sf_slot);
 
   std::mt19937_64 bgen(seed + 5);  // the same b sequence on every rank
   for (int step = 0; step < steps; ++step) {
@@ -130,13 +161,14 @@ void pooler_steps(sd::Group& group, int device, int pooled, int steps, const std
     x.upload(xs.data(), xs.size() * 2);
     for (DeviceBuffer* r : {&rec_shard, &rec_a, &rec_sf, &rec_n}) CUDA_CHECK(cudaMemset(r->get(), 0xff, r->bytes()));
     CUDA_CHECK(cudaDeviceSynchronize());
-    // Steps cycle through: graph of run, graph of the three calls, run
-    // eagerly, the three calls eagerly.
-    const bool use_run = step % 2 == 0, eager = step % 4 >= 2;
+    // Steps cycle through the three modes, each as a graph replay and
+    // eagerly.
+    const int mode = step % 3;
+    const bool eager = step % 6 >= 3, use_run = mode != kSplit;
     if (eager)
-      one_step(b, use_run);
+      one_step(b, mode);
     else
-      CUDA_CHECK(cudaGraphLaunch(graphs[{b, use_run}], stream));
+      CUDA_CHECK(cudaGraphLaunch(graphs[{b, mode}], stream));
     pooler.mailbox().synchronize(stream);
     check_mailbox_guards(pooler.mailbox());
 
@@ -157,18 +189,30 @@ void pooler_steps(sd::Group& group, int device, int pooled, int steps, const std
                       shared.shards[q].data() + (size_t(l) * cap + r) * shard, shard * 2);
       full.upload(rows.data(), rows.size() * 2);
       norms[l]->run(full.get(), normed.get(), b, stream);
-      const bool nvfp4 = layers[l].global_scale.has_value();
-      if (nvfp4) sd::nvfp4_quantize(normed.get(), gs.as<float>() + l, sa.get(), ssf.get(), b, pooled, stream);
+      const sd::OutputFormat format = sd::format_of(layers[l]);
+      const bool nvfp4 = format != sd::OutputFormat::bf16;
+      const sd::ScaleLayout sl =
+          format == sd::OutputFormat::nvfp4_swizzled ? sd::ScaleLayout::swizzled : sd::ScaleLayout::linear;
+      const size_t sf_bytes = size_t(sd::nvfp4_scale_rows(b, sl)) * sd::nvfp4_scale_cols(pooled, sl);
+      if (nvfp4) {
+        CUDA_CHECK(cudaMemsetAsync(ssf.get(), 0xcd, ssf.bytes(), stream));  // the stock kernel writes the padding
+        sd::nvfp4_quantize(normed.get(), gs.as<float>() + l, sa.get(), ssf.get(), b, pooled, stream, true, sl);
+      }
       CUDA_CHECK(cudaStreamSynchronize(stream));
       if (nvfp4) {
         const auto a = download<uint8_t>(sa.get(), size_t(b) * pooled / 2);
-        const auto s = download<uint8_t>(ssf.get(), size_t(b) * pooled / 16);
+        const auto s = download<uint8_t>(ssf.get(), sf_bytes);
         for (size_t i = 0; i < a.size(); ++i)
           POOLER_REQUIRE(ra[size_t(l) * cap * pooled / 2 + i] == a[i], "step ", step, " b ", b, use_run ? " run" : "",
                          " layer ", l, " a byte ", i, " differs from stock");
         for (size_t i = 0; i < s.size(); ++i)
-          POOLER_REQUIRE(rsf[size_t(l) * cap * pooled / 16 + i] == s[i], "step ", step, " b ", b,
-                         use_run ? " run" : "", " layer ", l, " a_sf ", i, " differs from stock");
+          POOLER_REQUIRE(rsf[size_t(l) * sf_slot + i] == s[i], "step ", step, " b ", b, use_run ? " run" : "",
+                         " layer ", l, " (", sd::format_name(format), ") a_sf byte ", i, " differs from stock");
+        if (sl == sd::ScaleLayout::swizzled)
+          for (int r = b; r < sd::nvfp4_scale_rows(b, sl); ++r)
+            for (int c = 0; c < pooled / 16; ++c)
+              POOLER_REQUIRE(s[sd::nvfp4_scale_offset(r, c, pooled, sl)] == 0, "stock swizzled padding row ", r,
+                             " column ", c, " not zero");
       } else {
         const auto n = download<uint16_t>(normed.get(), size_t(b) * pooled);
         for (size_t i = 0; i < n.size(); ++i) {
@@ -228,6 +272,24 @@ TEST(Pooler, SixtyTwoLayersRingEngineOneGpu) {
   run(1, 1, 512, 12, {1, 5, 9, 16}, ring);
 }
 
+// Ranks sharing one GPU (how one-GPU machines, tests and `verify --tp N`
+// exercise tp > 1), with programmatic dependent launch asked for: the
+// mailbox finds the shared device and launches without it, so no rank's
+// early-launched kernels can starve a peer's producer. tp 2, 4 and 8.
+TEST(Pooler, RanksSharingOneGpuAtTp2Tp4Tp8) {
+  SKIP_WITHOUT_GPU(1);
+  for (int tp : {2, 4, 8}) run(tp, 1, 512, 9, {1, 5, 16});
+}
+
+// The model's shape at tp 2 on one GPU, every engine forced in turn.
+TEST(Pooler, RanksSharingOneGpuModelShapeEveryEngine) {
+  SKIP_WITHOUT_GPU(1);
+  run(2, 1, sd::kMuseSpark.pooled, 6, {1, 9, 16});
+  for (const auto& c : sd::pooler_gemm_candidates())
+    if (!sd::pooler_choice_unsupported(sd::kMuseSpark.pooled / 2, sd::kMuseSpark.hidden, 1, c))
+      run(2, 1, sd::kMuseSpark.pooled, 3, {1, 16}, c);
+}
+
 TEST(Pooler, SixtyTwoLayersSmallShapeTwoGpus) {
   const std::string why = peer_gpus_unavailable_reason(2);
   if (!why.empty()) GTEST_SKIP() << why;
@@ -272,4 +334,83 @@ TEST(Pooler, RefusesBadConstruction) {
          ok.barrier();
        }))
     ADD_FAILURE() << f;
+}
+
+// Bad input to the formats and the caller-owned outputs: the reason, and
+// nothing launched (the mailbox's stage words stay as they were).
+TEST(Pooler, FormatAndOutputMisuseIsRefusedWithTheReason) {
+  SKIP_WITHOUT_GPU(1);
+  const int P = 512, H = 8192, b = 4;
+  DeviceBuffer w(size_t(P) * H * 2), nw(P * 2), gs(4), x(size_t(16) * H * 2), a(16 * P / 2), sf(128 * P / 16),
+      normed(size_t(16) * P * 2);
+  CUDA_CHECK(cudaMemset(w.get(), 0, w.bytes()));
+  CUDA_CHECK(cudaMemset(nw.get(), 0, nw.bytes()));
+  CUDA_CHECK(cudaMemset(x.get(), 0, x.bytes()));
+  const float one = 1.0f;
+  gs.upload(&one, 4);
+  auto layer = [&](std::optional<sd::OutputFormat> f, bool scale) {
+    sd::PoolerLayer l;
+    l.weight = sd::TensorRef::contiguous(w.get(), sd::DType::bf16, {P, H}, 0);
+    l.norm_weight = sd::TensorRef::contiguous(nw.get(), sd::DType::bf16, {P}, 0);
+    if (scale) l.global_scale = sd::TensorRef::contiguous(gs.get(), sd::DType::f32, {1}, 0);
+    l.format = f;
+    return l;
+  };
+  auto reason = [](auto fn) -> std::string {
+    try {
+      fn();
+    } catch (const sd::InvalidArgument& e) {
+      return e.what();
+    }
+    return "(accepted)";
+  };
+  auto group = sd::InProcessGroup::make_shared(1);
+  sd::InProcessGroup g(group, 0);
+  sd::PoolerConfig config;
+  config.hidden = H;
+  config.pooled = P;
+  config.batches = {1, 4, 16};
+  sd::Pooler pooler(g, config);
+  EXPECT_NE(reason([&] { pooler.attach(0, layer(sd::OutputFormat::nvfp4, false)); })
+                .find("has format nvfp4, which needs the NVFP4 input global scale"),
+            std::string::npos);
+  EXPECT_NE(reason([&] { pooler.attach(0, layer(sd::OutputFormat::nvfp4_swizzled, false)); }).find("global scale"),
+            std::string::npos);
+  EXPECT_EQ(reason([&] { pooler.attach(0, layer(sd::OutputFormat::bf16, false)); }), "(accepted)");
+  EXPECT_EQ(reason([&] { pooler.attach(1, layer(sd::OutputFormat::nvfp4_swizzled, true)); }), "(accepted)");
+  EXPECT_NE(reason([&] { pooler.run(2, x.get(), b, nullptr); }).find("layer 2 outside [0, 2)"), std::string::npos);
+  const auto xv = sd::TensorRef::contiguous(x.get(), sd::DType::bf16, {b, H}, 0);
+  sd::PoolerOutput o;
+  o.format = sd::OutputFormat::nvfp4_swizzled;
+  o.a = sd::TensorRef::contiguous(a.get(), sd::DType::u8, {b, P / 2}, 0);
+  o.a_sf = sd::TensorRef::contiguous(sf.get(), sd::DType::e4m3, {b, P / 16}, 0);  // linear shape: wrong
+  EXPECT_NE(reason([&] { pooler.run(1, xv, o, nullptr); }).find("output a_sf"), std::string::npos);
+  o.a_sf = sd::TensorRef::contiguous(sf.get(), sd::DType::e4m3, {128, P / 16}, 0);
+  EXPECT_NE(reason([&] { pooler.run(0, xv, o, nullptr); }).find("format nvfp4_swizzled for layer 0, whose format is bf16"),
+            std::string::npos);
+  sd::PoolerOutput alias = o;
+  alias.a = sd::TensorRef::contiguous(w.get(), sd::DType::u8, {b, P / 2}, 0);  // the layer's weight
+  EXPECT_NE(reason([&] { pooler.run(1, xv, alias, nullptr); }).find("output a overlaps the layer's weight"),
+            std::string::npos);
+  alias.a = sd::TensorRef::contiguous(sf.get(), sd::DType::u8, {b, P / 2}, 0);
+  EXPECT_NE(reason([&] { pooler.run(1, xv, alias, nullptr); }).find("overlap"), std::string::npos);
+  sd::PoolerOutput n;
+  n.format = sd::OutputFormat::bf16;
+  n.normed = sd::TensorRef::contiguous(normed.get(), sd::DType::bf16, {b + 1, P}, 0);
+  EXPECT_NE(reason([&] { pooler.run(0, xv, n, nullptr); }).find("output normed"), std::string::npos);
+  n.normed = sd::TensorRef::contiguous(x.get(), sd::DType::bf16, {b, P}, 0);  // x itself
+  EXPECT_NE(reason([&] { pooler.run(0, xv, n, nullptr); }).find("output normed overlaps x"), std::string::npos);
+  // Nothing ran: the stage words are still zero.
+  CUDA_CHECK(cudaDeviceSynchronize());
+  int32_t state[2] = {-1, -1};
+  CUDA_CHECK(cudaMemcpy(state, pooler.mailbox().view().state, 8, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(state[0], 0);
+  EXPECT_EQ(state[1], 0);
+  // And the good calls work.
+  n.normed = sd::TensorRef::contiguous(normed.get(), sd::DType::bf16, {b, P}, 0);
+  pooler.warm_up(nullptr);
+  pooler.run(0, xv, n, nullptr);
+  pooler.run(1, xv, o, nullptr);
+  pooler.mailbox().synchronize(nullptr);
+  pooler.barrier();
 }

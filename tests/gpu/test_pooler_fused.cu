@@ -100,8 +100,11 @@ void fused_equals_stock(sd::Group& group, int device, int chunks, uint64_t seed)
     // Fused: publish this rank's block, consume every rank's.
     for_each_call(R, seed + 77 * chunk, [&](int off, int b) {
       mb.publish(block.as<uint16_t>() + size_t(off) * width, b, stream);
-      sd::gather_norm_nvfp4(mb, w.get(), gs.as<float>(), eps, gc, static_cast<uint8_t*>(fa.get()) + size_t(off) * cols / 2,
-                            static_cast<uint8_t*>(fsf.get()) + size_t(off) * cols / 16, b, stream, (off / 16) % 2 == 0);
+      sd::PoolerOutput o;
+      o.format = sd::OutputFormat::nvfp4;
+      o.a.data = static_cast<uint8_t*>(fa.get()) + size_t(off) * cols / 2;
+      o.a_sf.data = static_cast<uint8_t*>(fsf.get()) + size_t(off) * cols / 16;
+      sd::gather_norm(mb, w.get(), gs.as<float>(), eps, gc, o, b, stream, (off / 16) % 2 == 0);
     });
     mb.synchronize(stream);
     POOLER_REQUIRE((sa.check_guards() + ssf.check_guards() + fa.check_guards() + fsf.check_guards()).empty(),
@@ -125,6 +128,106 @@ void fused_equals_stock(sd::Group& group, int device, int chunks, uint64_t seed)
   POOLER_REQUIRE(differing > uint64_t(chunks) * (size_t(R) * cols / 16) / 100, "degenerate scales over the run");
   mb.barrier();
   check_mailbox_guards(mb);
+}
+
+// Every output format of the fused consumer against the stock path on the
+// same published blocks, call by call: b = 1..16 each once, then random b;
+// random and adversarial rows (zeros, -0.0, subnormals, outliers that
+// saturate E4M3 scales: random_rows). nvfp4: the codes and linear scales;
+// nvfp4_swizzled: the codes and each call's [128, P/16] swizzled scales,
+// padding included (poisoned before, zero after); bf16: the normed rows, bit
+// for bit (the stock rows carry the publishers' -0.0 -> +0.0). Guard bytes
+// around every output.
+void formats_equal_stock(sd::Group& group, int device, uint64_t seed) {
+  const int tp = group.size(), rank = group.rank(), cols = sd::kMuseSpark.pooled, width = cols / tp;
+  const int R = 1024;
+  std::vector<std::pair<int, int>> calls;  // (offset, b), the same on every rank
+  {
+    std::mt19937_64 g(seed + 9);
+    int off = 0;
+    for (int b = 1; b <= sd::kMaxBatch && off + b <= R; ++b) calls.push_back({off, b}), off += b;
+    while (off < R) {
+      const int b = std::min<int>(1 + int(g() % sd::kMaxBatch), R - off);
+      calls.push_back({off, b});
+      off += b;
+    }
+  }
+  const size_t slot = size_t(sd::nvfp4_scale_rows(1, sd::ScaleLayout::swizzled)) * cols / 16;  // one call's a_sf
+  sd::LamportMailbox mb(group, tp, rank, sd::kMaxBatch, width, device);
+  TestStream stream;
+  DeviceBuffer full(size_t(R) * cols * 2), block(size_t(R) * width * 2), w(cols * 2), gs(4);
+  GuardedBuffer sn(size_t(R) * cols * 2), fn(size_t(R) * cols * 2), sa(size_t(R) * cols / 2), fa(size_t(R) * cols / 2),
+      ssf(calls.size() * slot), fsf(calls.size() * slot);
+  for (sd::OutputFormat format : {sd::OutputFormat::nvfp4, sd::OutputFormat::nvfp4_swizzled, sd::OutputFormat::bf16}) {
+    const uint64_t fseed = seed + 101 * int(format);
+    auto rows = random_rows(R, cols, fseed);
+    const auto weight = normal_bf16(cols, fseed + 1, 0.3f);
+    const float scale = format == sd::OutputFormat::nvfp4_swizzled ? 4096.0f : 2688.0f / 11.0f;
+    const sd::ScaleLayout layout =
+        format == sd::OutputFormat::nvfp4_swizzled ? sd::ScaleLayout::swizzled : sd::ScaleLayout::linear;
+    auto stock_rows = rows;
+    for (auto& v : stock_rows)
+      if (v == 0x8000) v = 0;  // as the publishers store it
+    full.upload(stock_rows.data(), stock_rows.size() * 2);
+    w.upload(weight.data(), weight.size() * 2);
+    gs.upload(&scale, 4);
+    const auto mine = block_of(rows, R, cols, rank, width);
+    block.upload(mine.data(), mine.size() * 2);
+    for (GuardedBuffer* b : {&sn, &sa, &ssf}) b->fill(0x3c);
+    for (GuardedBuffer* b : {&fn, &fa, &fsf}) b->fill(0xcd);
+    sd::ExpertNorm norm(sd::TensorRef::contiguous(w.get(), sd::DType::bf16, {cols}, device), 1e-5f, 1.0f);
+    norm.run(full.get(), sn.get(), R, stream);
+    for (size_t c = 0; c < calls.size(); ++c) {
+      const auto [off, b] = calls[c];
+      mb.publish(block.as<uint16_t>() + size_t(off) * width, b, stream);
+      sd::PoolerOutput o;
+      o.format = format;
+      o.normed.data = static_cast<uint16_t*>(fn.get()) + size_t(off) * cols;
+      o.a.data = static_cast<uint8_t*>(fa.get()) + size_t(off) * cols / 2;
+      o.a_sf.data = static_cast<uint8_t*>(fsf.get()) +
+                    (layout == sd::ScaleLayout::swizzled ? c * slot : size_t(off) * cols / 16);
+      sd::gather_norm(mb, w.get(), gs.as<float>(), 1e-5f, 1.0f, o, b, stream, true, c % 2 == 0);
+      if (format != sd::OutputFormat::bf16)
+        sd::nvfp4_quantize(static_cast<uint16_t*>(sn.get()) + size_t(off) * cols, gs.as<float>(),
+                           static_cast<uint8_t*>(sa.get()) + size_t(off) * cols / 2,
+                           static_cast<uint8_t*>(ssf.get()) +
+                               (layout == sd::ScaleLayout::swizzled ? c * slot : size_t(off) * cols / 16),
+                           b, cols, stream, true, layout);
+    }
+    mb.synchronize(stream);
+    const std::string what = std::string("tp ") + std::to_string(tp) + " " + sd::format_name(format);
+    POOLER_REQUIRE((sn.check_guards() + fn.check_guards() + sa.check_guards() + fa.check_guards() +
+                    ssf.check_guards() + fsf.check_guards())
+                       .empty(),
+                   what, ": guards");
+    if (format == sd::OutputFormat::bf16) {
+      const auto s = download<uint16_t>(sn.get(), sn.bytes() / 2), f = download<uint16_t>(fn.get(), fn.bytes() / 2);
+      for (size_t i = 0; i < s.size(); ++i)
+        POOLER_REQUIRE(s[i] == f[i], what, ": row ", i / cols, " col ", i % cols, ": fused 0x", std::hex, f[i],
+                       " stock 0x", s[i]);
+      POOLER_REQUIRE(std::count(f.begin(), f.end(), kPoisonBf16) == 0, what, ": an element not written");
+      continue;
+    }
+    const auto a1 = download<uint8_t>(sa.get(), sa.bytes()), a2 = download<uint8_t>(fa.get(), fa.bytes());
+    for (size_t i = 0; i < a1.size(); ++i)
+      POOLER_REQUIRE(a1[i] == a2[i], what, ": a row ", i / (cols / 2), " byte ", i % (cols / 2), ": fused 0x",
+                     std::hex, int(a2[i]), " stock 0x", int(a1[i]));
+    const size_t sf_bytes = layout == sd::ScaleLayout::swizzled ? calls.size() * slot : size_t(R) * cols / 16;
+    const auto s1 = download<uint8_t>(ssf.get(), sf_bytes), s2 = download<uint8_t>(fsf.get(), sf_bytes);
+    for (size_t i = 0; i < s1.size(); ++i)
+      POOLER_REQUIRE(s1[i] == s2[i], what, ": a_sf byte ", i, ": fused 0x", std::hex, int(s2[i]), " stock 0x",
+                     int(s1[i]));
+    if (layout == sd::ScaleLayout::swizzled)
+      for (size_t c = 0; c < calls.size(); ++c)
+        for (int r = calls[c].second; r < 128; ++r)
+          for (int k = 0; k < cols / 16; ++k)
+            POOLER_REQUIRE(s2[c * slot + sd::nvfp4_scale_offset(r, k, cols, layout)] == 0, what, ": call ", c,
+                           " padding row ", r, " column ", k, " not zero");
+    size_t distinct = 0;
+    for (size_t i = 1; i < s1.size(); ++i) distinct += s1[i] != s1[i - 1];
+    POOLER_REQUIRE(distinct > s1.size() / 100, what, ": degenerate scales");
+  }
+  mb.barrier();
 }
 
 void edge_equals_stock_but_sign_of_zero(sd::Group& group, int device, uint64_t seed) {
@@ -350,6 +453,28 @@ TEST(PoolerFused, EqualsStockAtTp4OnTwoGpus) {
   const uint64_t seed = test_seed("fused tp4");
   for (const auto& f : run_on_gpus(4, [&](sd::Group& g, int d) { fused_equals_stock(g, d, 2, seed); }, 2))
     ADD_FAILURE() << f;
+}
+
+TEST(PoolerFormats, EveryFormatEqualsStockOneGpu) {
+  SKIP_WITHOUT_GPU(1);
+  const uint64_t seed = test_seed("pooler formats");
+  for (const auto& f : run_on_gpus(1, [&](sd::Group& g, int d) { formats_equal_stock(g, d, seed); })) ADD_FAILURE() << f;
+}
+
+// Two ranks on one GPU: the multi-rank paths (two sources per row, two
+// copies) where one GPU is lent.
+TEST(PoolerFormats, EveryFormatEqualsStockTp2OnOneGpu) {
+  SKIP_WITHOUT_GPU(1);
+  const uint64_t seed = test_seed("pooler formats");
+  for (const auto& f : run_on_gpus(2, [&](sd::Group& g, int d) { formats_equal_stock(g, d, seed); }, 1))
+    ADD_FAILURE() << f;
+}
+
+TEST(PoolerFormats, EveryFormatEqualsStockTwoGpus) {
+  const std::string why = peer_gpus_unavailable_reason(2);
+  if (!why.empty()) GTEST_SKIP() << why;
+  const uint64_t seed = test_seed("pooler formats");
+  for (const auto& f : run_on_gpus(2, [&](sd::Group& g, int d) { formats_equal_stock(g, d, seed); })) ADD_FAILURE() << f;
 }
 
 TEST(PoolerEdge, EqualsStockExceptSignOfZero) {

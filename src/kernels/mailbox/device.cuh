@@ -200,6 +200,25 @@ __device__ __noinline__ inline void spin_timeout(uint64_t timeout_ns, uint32_t* 
   __trap();
 }
 
+// Consumer: ACTIVE must equal NEXT (the publisher of this call copied NEXT
+// into ACTIVE; the consumer of the last call advanced NEXT past it). A
+// consume with no publish since the last one (a skipped publish, a second
+// gather) finds them apart: it records that and traps instead of returning
+// the previous call's rows. One thread of the grid checks.
+__device__ __noinline__ inline void no_publish(uint32_t* record, int rank, int stage) {
+  if (record != nullptr) {
+    ptx::st_relaxed_sys_u32(record, mailbox::make_record(mailbox::kNoPublish, rank, stage, 0, 0));
+    ptx::fence_acq_rel_sys();  // the record reaches host memory before the trap
+  }
+  printf("spark-decode mailbox: rank %d consumed stage %d with no publish since the last consume (a skipped "
+         "publish or a second gather); trapping\n",
+         rank, stage);
+  __trap();
+}
+__device__ __forceinline__ void check_published(const MailboxView& mb, uint32_t active) {
+  if (read_next(mb.state) != active) no_publish(mb.timeout_record, mb.rank, mailbox::word_stage(active));
+}
+
 __device__ __forceinline__ bool vec_has_sentinel(const uint4& v) {
   return mailbox::vec_has_sentinel(v.x, v.y, v.z, v.w);
 }

@@ -57,7 +57,10 @@ __global__ void mailbox_gather_kernel(const MailboxGatherArgs a) {
   const MailboxView& mb = a.mailbox;
   const uint32_t active = mailbox_dev::read_active(mb.state);
   SPARK_TRACE_MARK(0, active);  // ACTIVE has arrived
-  if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0) mailbox_dev::advance(mb.state, active, a.b);
+  if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0) {
+    mailbox_dev::check_published(mb, active);
+    mailbox_dev::advance(mb.state, active, a.b);
+  }
 
   const mailbox::Layout layout = mailbox_dev::layout_of(mb);
   const int vecs = layout.row_vecs();

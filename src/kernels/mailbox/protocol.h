@@ -132,17 +132,26 @@ SPARK_MAILBOX_HD bool vec_has_sentinel(uint32_t a, uint32_t b, uint32_t c, uint3
          pair_has_sentinel(d);
 }
 
-// ---- the spin-timeout record ---------------------------------------------
+// ---- the failure record -------------------------------------------------------
 // A consumer that gives up stores one 32-bit word into host-mapped memory
 // before it traps, so the host can name the slot even though the trap has
 // poisoned the CUDA context. One word, so that the host never reads a mix
-// of two threads' reports: bit 31 valid, bits 24..27 rank, 20..21 stage,
-// 16..19 source, 0..15 row.
-SPARK_MAILBOX_HD uint32_t make_timeout_record(int rank, int stage, int source, int row) {
-  return 0x80000000u | (uint32_t(rank & 0xf) << 24) | (uint32_t(stage & 0x3) << 20) |
+// of two threads' reports: bit 31 valid, bits 28..30 the kind, 24..27 rank,
+// 20..21 stage, 16..19 source, 0..15 row.
+enum RecordKind : uint32_t {
+  kTimeout = 0,    // a slot was not published within the spin timeout
+  kNoPublish = 1,  // ACTIVE != NEXT: this call's publisher did not run (a
+                   // consume without a publish since the last consume)
+};
+SPARK_MAILBOX_HD uint32_t make_record(uint32_t kind, int rank, int stage, int source, int row) {
+  return 0x80000000u | ((kind & 0x7u) << 28) | (uint32_t(rank & 0xf) << 24) | (uint32_t(stage & 0x3) << 20) |
          (uint32_t(source & 0xf) << 16) | (uint32_t(row) & 0xffffu);
 }
+SPARK_MAILBOX_HD uint32_t make_timeout_record(int rank, int stage, int source, int row) {
+  return make_record(kTimeout, rank, stage, source, row);
+}
 SPARK_MAILBOX_HD bool record_valid(uint32_t r) { return (r >> 31) != 0; }
+SPARK_MAILBOX_HD uint32_t record_kind(uint32_t r) { return (r >> 28) & 0x7u; }
 SPARK_MAILBOX_HD int record_rank(uint32_t r) { return int((r >> 24) & 0xf); }
 SPARK_MAILBOX_HD int record_stage(uint32_t r) { return int((r >> 20) & 0x3); }
 SPARK_MAILBOX_HD int record_source(uint32_t r) { return int((r >> 16) & 0xf); }

@@ -1,5 +1,6 @@
 // The stock path's standalone kernels: pre_expert_norm (ExpertNorm) and the
-// NVFP4 quantize kernel (vLLM scaled_fp4_quant semantics, linear scales).
+// NVFP4 quantize kernel (vLLM scaled_fp4_quant semantics, linear or swizzled
+// scales).
 // Both use the shared device steps (norm/rms.cuh, nvfp4/nvfp4.cuh), which
 // the Pooler's fused consumer uses too.
 #pragma once
@@ -11,6 +12,7 @@
 #include "kernels/common/ptx.cuh"
 #include "kernels/norm/rms.cuh"
 #include "kernels/nvfp4/nvfp4.cuh"
+#include "kernels/nvfp4/scale_layout.h"
 
 namespace spark_decode::kernels {
 
@@ -52,16 +54,27 @@ struct Nvfp4QuantizeArgs {
   const __nv_bfloat16* y;     // [rows, cols]
   const float* global_scale;  // [1]
   uint8_t* a;                 // [rows, cols / 2]
-  uint8_t* a_sf;              // [rows, cols / 16]
-  int cols;
+  uint8_t* a_sf;              // linear [rows, cols / 16]; swizzled [round_up(rows, 128), round_up(cols / 16, 4)]
+  int rows, cols;
+  int swizzled;               // the scale layout (kernels/nvfp4/scale_layout.h)
 };
 
-// Grid (ceil(cols / 16 / blockDim.x), rows): one thread per block of 16.
+// Grid (ceil(cols / 16 / blockDim.x), rows; swizzled: round_up(rows, 128)):
+// one thread per block of 16; with the swizzled layout the rows past `rows`
+// write their scales' zero padding.
 __global__ void nvfp4_quantize_kernel(const Nvfp4QuantizeArgs a) {
   ptx::griddep_wait();
   ptx::griddep_launch_dependents();
   const int blocks = a.cols / nvfp4::kBlock;
   const int blk = blockIdx.x * blockDim.x + threadIdx.x, row = blockIdx.y;
+  if (a.swizzled) {
+    const int scale_cols = nvfp4_layout::swizzled_cols(blocks);
+    if (blk >= scale_cols) return;
+    if (row >= a.rows || blk >= blocks) {
+      a.a_sf[nvfp4_layout::swizzled_offset(row, blk, blocks)] = 0;
+      return;
+    }
+  }
   if (blk >= blocks) return;
   float y[16];
   const __nv_bfloat16* yr = a.y + int64_t(row) * a.cols + 16 * blk;
@@ -70,7 +83,8 @@ __global__ void nvfp4_quantize_kernel(const Nvfp4QuantizeArgs a) {
   uint32_t packed[2];
   const uint32_t sf = nvfp4::quantize_block(y, *a.global_scale, packed);
   *reinterpret_cast<uint2*>(a.a + int64_t(row) * (a.cols / 2) + 8 * blk) = make_uint2(packed[0], packed[1]);
-  a.a_sf[int64_t(row) * blocks + blk] = static_cast<uint8_t>(sf);
+  a.a_sf[a.swizzled ? nvfp4_layout::swizzled_offset(row, blk, blocks) : int64_t(row) * blocks + blk] =
+      static_cast<uint8_t>(sf);
 }
 
 }  // namespace spark_decode::kernels

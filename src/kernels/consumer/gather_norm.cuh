@@ -1,5 +1,7 @@
-// The Pooler's fused consumer: gather + pre_expert_norm + NVFP4 over the
-// Lamport mailbox (docs/design.md, "Exact semantics"). The mailbox steps
+// The Pooler's fused consumer: gather + pre_expert_norm (+ NVFP4) over the
+// Lamport mailbox, in the layer's output format: the normed BF16 rows, or
+// their NVFP4 codes with linear or swizzled block scales (docs/design.md,
+// "The Pooler", "Exact semantics"). The mailbox steps
 // (read ACTIVE, advance, poll, clear) are mailbox/device.cuh's, the norm is norm/rms.cuh's and the
 // quantizer nvfp4/nvfp4.cuh's: this kernel only wires them together, so its
 // bytes equal the stock gather + ExpertNorm + nvfp4_quantize by
@@ -14,15 +16,20 @@
 #include "kernels/mailbox/device.cuh"
 #include "kernels/norm/rms.cuh"
 #include "kernels/nvfp4/nvfp4.cuh"
+#include "kernels/nvfp4/scale_layout.h"
 
 namespace spark_decode::kernels {
 
-struct GatherNormNvfp4Args {
+// The output formats (spark_decode::OutputFormat's values).
+inline constexpr int kFormatBf16 = 0, kFormatNvfp4 = 1, kFormatNvfp4Swizzled = 2;
+
+struct GatherNormArgs {
   MailboxView mailbox;
   const __nv_bfloat16* weight;  // [tp * width] norm weight
-  const float* global_scale;    // [1]
-  uint8_t* a;                   // [b, tp * width / 2]
-  uint8_t* a_sf;                // [b, tp * width / 16]
+  const float* global_scale;    // [1] (NVFP4 formats)
+  __nv_bfloat16* normed;        // bf16: [b, P]
+  uint8_t* a;                   // NVFP4: [b, P / 2]
+  uint8_t* a_sf;                // NVFP4: linear [b, P / 16]; swizzled [round_up(b, 128), P / 16]
   int b;
   float eps, gain_center;
   // Where this grid lets the next one launch (griddepcontrol.launch_dependents):
@@ -33,13 +40,17 @@ struct GatherNormNvfp4Args {
   int launch_next_early;
 };
 
-// Grid (b), block tp * width / 16: thread t of CTA i owns columns
+// Grid (b), block P / 16 = tp * width / 16: thread t of CTA i owns columns
 // [16t, 16t + 16) of row i, which lie in one source's block (width % 16 ==
 // 0): it polls their two vectors, clears the same columns of the previous
 // call's rows i, i + b, ..., joins the row's mean(x^2), normalises and
-// quantizes its NVFP4 block.
-__global__ void gather_norm_nvfp4_kernel(const GatherNormNvfp4Args a) {
-  SPARK_TRACE_CTA(kGatherNormNvfp4);
+// stores its 16 normed values or quantizes them as one NVFP4 block (with the
+// swizzled scales, also the zero padding of scale rows i + b, i + 2b, ...
+// below 128). Every output store follows griddepcontrol.wait: the previous
+// grid may still read the outputs of the call before.
+template <int FORMAT>
+__global__ void gather_norm_kernel(const GatherNormArgs a) {
+  SPARK_TRACE_CTA(kGatherNorm);
   __shared__ float warp_sums[norm::kMaxWarps];
   const MailboxView& mb = a.mailbox;
   const mailbox::Layout layout = mailbox_dev::layout_of(mb);
@@ -59,10 +70,13 @@ __global__ void gather_norm_nvfp4_kernel(const GatherNormNvfp4Args a) {
   // kernel computes is then seen alike by both paths.
   ptx::griddep_wait();
   SPARK_TRACE_WAITED();
-  const float global_scale = *a.global_scale;
+  const float global_scale = FORMAT == kFormatBf16 ? 0.0f : *a.global_scale;
   const uint32_t active = mailbox_dev::read_active(mb.state);
   SPARK_TRACE_MARK(0, active);  // ACTIVE has arrived
-  if (t == 0 && row == 0) mailbox_dev::advance(mb.state, active, a.b);
+  if (t == 0 && row == 0) {
+    mailbox_dev::check_published(mb, active);
+    mailbox_dev::advance(mb.state, active, a.b);
+  }
   const int stage = mailbox::word_stage(active);
   uint16_t* const local = mb.local;
 
@@ -80,10 +94,23 @@ __global__ void gather_norm_nvfp4_kernel(const GatherNormNvfp4Args a) {
   const float inv = norm::inv_rms(x, cols, a.eps, warp_sums);
   uint4 normed[2];
   norm::normalize(x, w, inv, a.gain_center, y, normed);
+  if constexpr (FORMAT == kFormatBf16) {
+    __nv_bfloat16* const out = a.normed + int64_t(row) * cols + 16 * t;
+    ptx::st_v4(out, normed[0]);
+    ptx::st_v4(out + 8, normed[1]);
+    return;
+  }
   uint32_t packed[2];
   const uint32_t sf = nvfp4::quantize_block(y, global_scale, packed);
   *reinterpret_cast<uint2*>(a.a + int64_t(row) * (cols / 2) + 8 * t) = make_uint2(packed[0], packed[1]);
-  a.a_sf[int64_t(row) * (cols / 16) + t] = static_cast<uint8_t>(sf);
+  const int scale_cols = cols / 16;  // a multiple of 32 (P % 512 == 0): no padding columns
+  if constexpr (FORMAT == kFormatNvfp4) {
+    a.a_sf[int64_t(row) * scale_cols + t] = static_cast<uint8_t>(sf);
+  } else {
+    a.a_sf[nvfp4_layout::swizzled_offset(row, t, scale_cols)] = static_cast<uint8_t>(sf);
+    for (int pad = row + a.b; pad < nvfp4_layout::swizzled_rows(a.b); pad += a.b)
+      a.a_sf[nvfp4_layout::swizzled_offset(pad, t, scale_cols)] = 0;
+  }
 }
 
 }  // namespace spark_decode::kernels

@@ -25,8 +25,11 @@ void launch_mailbox_gather(const MailboxView& mb, void* out, int b, int threads,
 void launch_gather_norm(const MailboxView& mb, OutputFormat format, const void* norm_weight, const float* global_scale,
                         float eps, float gain_center, void* normed, void* a, void* a_sf, int b, bool enable_pdl,
                         bool launch_next_early, cudaStream_t stream);
-// Loads the norm kernels (ExpertNorm's, the fused consumer's) now: lazy
-// loading would do it at the first launch, possibly under capture.
+// Loads the norm kernels (ExpertNorm's, the stock quantizer's, the fused
+// consumer's) now: lazy loading would do it at the first launch, possibly
+// under capture, and loading a module may wait for the device to go idle,
+// which never happens while a consumer of ranks sharing the GPU spins on a
+// peer that is itself waiting for that load.
 void load_norm_kernels();
 // pre_expert_norm over rows [rows, cols].
 void launch_expert_norm(const void* x, const void* weight, void* y, int rows, int cols, float eps, float gain_center,

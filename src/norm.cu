@@ -72,6 +72,7 @@ void launch_gather_norm(const MailboxView& mb, OutputFormat format, const void* 
 void load_norm_kernels() {
   cudaFuncAttributes attrs;
   CUDA_CHECK(cudaFuncGetAttributes(&attrs, kernels::expert_norm_kernel));
+  CUDA_CHECK(cudaFuncGetAttributes(&attrs, kernels::nvfp4_quantize_kernel));
   CUDA_CHECK(cudaFuncGetAttributes(&attrs, kernels::gather_norm_kernel<kernels::kFormatBf16>));
   CUDA_CHECK(cudaFuncGetAttributes(&attrs, kernels::gather_norm_kernel<kernels::kFormatNvfp4>));
   CUDA_CHECK(cudaFuncGetAttributes(&attrs, kernels::gather_norm_kernel<kernels::kFormatNvfp4Swizzled>));

@@ -67,15 +67,19 @@ void gather_norm(LamportMailbox& mb, const void* norm_weight, const float* globa
   if (auto reason = ExpertNorm::cols_unsupported(cols)) throw InvalidArgument("gather_norm: " + *reason);
   SPARK_CHECK(detail::aligned(norm_weight, 16), "gather_norm: norm_weight must be a 16-byte aligned device pointer");
   SPARK_CHECK(eps >= 0.0f, "gather_norm: eps ", eps, " must be >= 0");
+  SPARK_CHECK(out.format != OutputFormat::nvfp4_swizzled || b <= 32, "gather_norm: b = ", b,
+              " above 32 with swizzled scales (its rows would share 16-byte pieces of the 128x4 tiles)");
   const PoolerOutputSpec spec = pooler_output_spec(out.format, b, cols);
   std::vector<std::pair<const void*, size_t>> outputs;
   if (out.format == OutputFormat::bf16) {
     SPARK_CHECK(detail::aligned(out.normed.data, 16), "gather_norm: normed must be a 16-byte aligned device pointer");
     outputs.push_back({out.normed.data, size_t(b) * cols * 2});
   } else {
-    SPARK_CHECK(detail::aligned(global_scale, 4) && detail::aligned(out.a.data, 16) && detail::aligned(out.a_sf.data, 4),
-                "gather_norm: a must be 16-byte aligned, global_scale and a_sf 4-byte aligned, all non-null "
-                "device pointers");
+    const int sf_align = out.format == OutputFormat::nvfp4_swizzled ? 16 : 4;
+    SPARK_CHECK(detail::aligned(global_scale, 4) && detail::aligned(out.a.data, 16) &&
+                    detail::aligned(out.a_sf.data, sf_align),
+                "gather_norm: a must be 16-byte aligned, global_scale 4-byte aligned and a_sf ", sf_align,
+                "-byte aligned, all non-null device pointers");
     outputs.push_back({out.a.data, size_t(b) * cols / 2});
     outputs.push_back({out.a_sf.data, size_t(spec.a_sf.numel())});
   }
@@ -297,7 +301,8 @@ void Pooler::check_outputs(int layer, int b, const PoolerOutput& out, const void
     const TensorRef& want = std::string(name) == "normed" ? spec.normed : std::string(name) == "a" ? spec.a : spec.a_sf;
     const bool dtype_ok = t->dtype == want.dtype || (want.dtype == DType::e4m3 && t->dtype == DType::u8);
     SPARK_CHECK(t->ndim == 2 && t->shape[0] == want.shape[0] && t->shape[1] == want.shape[1] && dtype_ok &&
-                    t->is_contiguous() && t->data != nullptr && t->is_aligned(want.dtype == DType::e4m3 ? 4 : 16) &&
+                    t->is_contiguous() && t->data != nullptr &&
+                    t->is_aligned(want.dtype == DType::e4m3 && l.format == OutputFormat::nvfp4 ? 4 : 16) &&
                     t->device == device_,
                 "pooler: output ", name, " ", t->describe(), " must be contiguous aligned ", dtype_name(want.dtype), " [",
                 want.shape[0], ", ", want.shape[1], "] on cuda:", device_, " (layer ", layer, ", format ",

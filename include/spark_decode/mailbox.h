@@ -163,7 +163,13 @@ class LamportMailbox {
   // rank's next kernel, launched early and parked in griddepcontrol.wait,
   // could fill the SMs a peer's producer needs while this rank's consumer
   // spins on it (docs/design.md, "The Lamport mailbox protocol", ordering 6).
-  // The bits are the same; only the overlap between kernels is lost.
+  // The bits are the same; only the overlap between kernels is lost. The
+  // caller's side of the same rule: while a peer on the same GPU may be
+  // waiting for this rank's next publish, this rank may not wait for the
+  // whole device (cudaDeviceSynchronize, a synchronous copy on a blocking
+  // stream, a first launch of a lazily loaded kernel): synchronise its own
+  // stream instead. The library loads every kernel it launches at
+  // construction.
   bool shares_device() const { return shares_device_; }
 
  private:

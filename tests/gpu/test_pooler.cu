@@ -159,8 +159,12 @@ void pooler_steps(sd::Group& group, int device, int pooled, int steps, const std
     const int b = batches[bgen() % batches.size()];
     const auto xs = normal_bf16(size_t(L) * cap * H, seed + 7 * step + 3);  // replicated tokens
     x.upload(xs.data(), xs.size() * 2);
-    for (DeviceBuffer* r : {&rec_shard, &rec_a, &rec_sf, &rec_n}) CUDA_CHECK(cudaMemset(r->get(), 0xff, r->bytes()));
-    CUDA_CHECK(cudaDeviceSynchronize());
+    // On this rank's stream: a device-wide synchronisation here would wait
+    // for a peer sharing the GPU whose consumers wait for this rank's
+    // publishes.
+    for (DeviceBuffer* r : {&rec_shard, &rec_a, &rec_sf, &rec_n})
+      CUDA_CHECK(cudaMemsetAsync(r->get(), 0xff, r->bytes(), stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
     // Steps cycle through the three modes, each as a graph replay and
     // eagerly.
     const int mode = step % 3;

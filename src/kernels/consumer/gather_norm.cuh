@@ -107,9 +107,24 @@ __global__ void gather_norm_kernel(const GatherNormArgs a) {
   if constexpr (FORMAT == kFormatNvfp4) {
     a.a_sf[int64_t(row) * scale_cols + t] = static_cast<uint8_t>(sf);
   } else {
-    a.a_sf[nvfp4_layout::swizzled_offset(row, t, scale_cols)] = static_cast<uint8_t>(sf);
-    for (int pad = row + a.b; pad < nvfp4_layout::swizzled_rows(a.b); pad += a.b)
-      a.a_sf[nvfp4_layout::swizzled_offset(pad, t, scale_cols)] = 0;
+    // The swizzled tile of scale columns [4q, 4q + 4) (512 bytes) holds row
+    // r's 4 bytes at 16 (r % 32) + 4 ((r % 128) / 32): with b <= 32 (checked
+    // on the host) 16-byte piece j < b is row j's 4 scales then zeros (rows
+    // j + 32, + 64, + 96: padding), and pieces j >= b are all padding. So
+    // row i's CTA writes its piece whole (the quad's 4 scale bytes gathered
+    // into one lane) and zeroes pieces b + i, b + i + b, ... of every tile:
+    // 16-byte stores instead of one byte per padded scale.
+    static_assert(nvfp4::kBlock == 16);
+    const uint32_t b1 = __shfl_down_sync(0xffffffffu, sf, 1), b2 = __shfl_down_sync(0xffffffffu, sf, 2),
+                   b3 = __shfl_down_sync(0xffffffffu, sf, 3);
+    const int tiles = scale_cols / 4;
+    uint4* const sf_pieces = reinterpret_cast<uint4*>(a.a_sf);  // [tiles][32] pieces of the first band
+    if ((t & 3) == 0)
+      sf_pieces[(t / 4) * 32 + row] = make_uint4((sf & 0xffu) | (b1 & 0xffu) << 8 | (b2 & 0xffu) << 16 | (b3 & 0xffu) << 24, 0, 0,
+                                                 0);
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    for (int j = a.b + row; j < 32; j += a.b)
+      for (int q = t; q < tiles; q += blockDim.x) sf_pieces[q * 32 + j] = zero;
   }
 }
 

@@ -112,8 +112,8 @@ __global__ void gather_norm_kernel(const GatherNormArgs a) {
     // on the host) 16-byte piece j < b is row j's 4 scales then zeros (rows
     // j + 32, + 64, + 96: padding), and pieces j >= b are all padding. So
     // row i's CTA writes its piece whole (the quad's 4 scale bytes gathered
-    // into one lane) and zeroes pieces b + i, b + i + b, ... of every tile:
-    // 16-byte stores instead of one byte per padded scale.
+    // into one lane) and a share of the pieces >= b of every tile: 16-byte
+    // stores instead of one byte per padded scale.
     static_assert(nvfp4::kBlock == 16);
     const uint32_t b1 = __shfl_down_sync(0xffffffffu, sf, 1), b2 = __shfl_down_sync(0xffffffffu, sf, 2),
                    b3 = __shfl_down_sync(0xffffffffu, sf, 3);
@@ -122,9 +122,13 @@ __global__ void gather_norm_kernel(const GatherNormArgs a) {
     if ((t & 3) == 0)
       sf_pieces[(t / 4) * 32 + row] = make_uint4((sf & 0xffu) | (b1 & 0xffu) << 8 | (b2 & 0xffu) << 16 | (b3 & 0xffu) << 24, 0, 0,
                                                  0);
+    // The padding of tile q is its pieces [b, 32): contiguous, so piece p of
+    // all tiles' padding, p = q (32 - b) + j - b, goes to consecutive
+    // threads: coalesced stores.
     const uint4 zero = make_uint4(0, 0, 0, 0);
-    for (int j = a.b + row; j < 32; j += a.b)
-      for (int q = t; q < tiles; q += blockDim.x) sf_pieces[q * 32 + j] = zero;
+    const int pad = 32 - a.b;
+    for (int p = row * blockDim.x + t; p < tiles * pad; p += a.b * blockDim.x)
+      sf_pieces[(p / pad) * 32 + a.b + p % pad] = zero;
   }
 }
 

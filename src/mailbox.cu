@@ -65,6 +65,7 @@ LamportMailbox::LamportMailbox(Group& group, int tp, int rank, int capacity, int
     if (q != rank && std::memcmp(s.uuid, mine.uuid, sizeof mine.uuid) == 0) shares_device_ = true;
   }
   view_.spin_timeout_ns = static_cast<uint64_t>(options.spin_timeout_s * 1e9);
+  view_.trap_on_failure = options.on_failure == OnFailure::trap ? 1 : 0;
   view_.tp = tp;
   view_.rank = rank;
   view_.capacity = capacity;
@@ -147,6 +148,7 @@ void launch_mailbox_gather(const MailboxView& mb, void* out, int b, int threads,
 }  // namespace detail
 
 void LamportMailbox::publish(const void* src, int b, cudaStream_t stream, const PublishOptions& options) {
+  check();
   SPARK_CHECK(b >= 1 && b <= capacity_, "mailbox publish: b = ", b, " outside [1, ", capacity_,
               "] (the mailbox capacity)");
   detail::require_aligned(src, 16, "mailbox publish: src must be a non-null 16-byte aligned device pointer");
@@ -168,6 +170,7 @@ void LamportMailbox::publish(const TensorRef& src, cudaStream_t stream,
 }
 
 void LamportMailbox::gather(void* out, int b, cudaStream_t stream, const GatherOptions& options) {
+  check();
   SPARK_CHECK(b >= 1 && b <= capacity_, "mailbox gather: b = ", b, " outside [1, ", capacity_,
               "] (the mailbox capacity)");
   detail::require_aligned(out, 16, "mailbox gather: out must be a non-null 16-byte aligned device pointer");
@@ -206,12 +209,19 @@ std::optional<std::string> LamportMailbox::timeout_report() const {
 }
 
 void LamportMailbox::raise_if_failed(cudaError_t err) const {
-  if (err == cudaSuccess) return;
+  if (err == cudaSuccess) return check();
   if (auto report = timeout_report())
     throw RuntimeError(detail::concat(
         *report, "; the consumer trapped, which poisons this device's CUDA context for the rest "
                  "of the process (", cudaGetErrorName(err), ")"));
   CUDA_CHECK(err);
+}
+
+void LamportMailbox::check() const {
+  if (auto report = timeout_report())
+    throw RuntimeError(detail::concat(*report,
+                                      "; the consumers stopped waiting and poisoned their outputs: destroy this "
+                                      "mailbox (and what uses it) and build new ones"));
 }
 
 void LamportMailbox::synchronize(cudaStream_t stream) const {

@@ -59,6 +59,7 @@ PoolerOutputSpec pooler_output_spec(OutputFormat format, int b, int pooled) {
 void gather_norm(LamportMailbox& mb, const void* norm_weight, const float* global_scale, float eps,
                  float gain_center, const PoolerOutput& out, int b, cudaStream_t stream, bool enable_pdl,
                  bool launch_next_early) {
+  mb.check();
   const int cols = mb.tp() * mb.width();
   SPARK_CHECK(b >= 1 && b <= mb.capacity(), "gather_norm: b = ", b, " outside [1, ", mb.capacity(),
               "] (the mailbox capacity)");
@@ -126,6 +127,7 @@ void Pooler::build(Group& group, const PoolerConfig& c) {
   const int shard = pooled_ / tp_;
   LamportMailbox::Options mo;
   mo.spin_timeout_s = options_.spin_timeout_s;
+  mo.on_failure = options_.on_failure;
   mo.guard_bytes = options_.mailbox_guard_bytes;
   // Collective: returns once every rank's copy is initialised.
   mailbox_ = std::make_unique<LamportMailbox>(group, tp_, rank_, capacity_, shard, device_, mo);
@@ -281,6 +283,7 @@ const PoolerStep& Pooler::check_call(int layer, int b, const char* what) const {
   SPARK_CHECK(b >= 1 && b <= kMaxBatch && steps_[b - 1], "pooler ", what, ": b = ", b,
               " is not one of the batches given at construction");
   detail::require_current_device(device_, "the pooler");
+  mailbox_->check();
   return *steps_[b - 1];
 }
 
@@ -339,6 +342,7 @@ TensorRef Pooler::project(int layer, const TensorRef& x, cudaStream_t stream) {
 }
 
 void Pooler::publish(int b, cudaStream_t stream) {
+  mailbox_->check();
   SPARK_CHECK(b >= 1 && b <= kMaxBatch && steps_[b - 1], "pooler publish: b = ", b,
               " is not one of the batches given at construction");
   detail::require_current_device(device_, "the pooler");
@@ -438,8 +442,8 @@ void Pooler::warm_up(cudaStream_t stream) {
                 "pooler warm_up: rank ", q, " attached other layers or formats than rank ", rank_,
                 "; every rank must attach the same layers");
   // No rank publishes before every rank has prepared its kernels: the
-  // gather's poll traps after the spin timeout, which a peer's setup could
-  // exceed.
+  // gather's poll gives up after the spin timeout, which a peer's setup
+  // could exceed.
   group_->barrier();
   // One layer per form: each output format per (eps, gain_center).
   std::map<std::tuple<int, float, float>, int> forms;

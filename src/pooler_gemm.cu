@@ -95,6 +95,7 @@ PoolerGemmChoice PoolerGemm::choice(int m) const {
 
 void PoolerGemm::launch(const void* x, void* out, int m, bool publish, cudaStream_t stream) const {
   const PoolerGemmChoice& c = *choice_[m - 1];
+  if (publish) mailbox_->check();
   const MailboxView* into = publish ? &mailbox_->view() : nullptr;
   switch (c.engine) {
     case GemmEngine::splitk_mma: engines_->splitk->launch(x, out, m, into, nullptr, stream); break;

@@ -97,6 +97,7 @@ void Unpooler::run(const void* x, void* out, int m, cudaStream_t stream) {
     engine_->prepare(tile, row_tiles);
   }
   detail::require_current_device(device_, "the unpooler");
+  if (mailbox_) mailbox_->check();
   engine_->launch(x, out, m, mailbox_ ? &mailbox_->view() : nullptr, ticket_, stream);
 }
 

@@ -43,11 +43,25 @@
 // What publish/gather may not do: allocate, synchronise, or prepare
 // kernels. Both are CUDA-graph capturable (each enqueues one kernel).
 //
-// Spin timeout: a consumer that waits longer than Options::spin_timeout_s
-// for a slot printf's rank, stage, source and row and traps. A trap poisons
-// the CUDA context of that device for the rest of the process: every later
-// CUDA call on it fails. synchronize() turns the failure into a
-// RuntimeError that names the slot; the process should then exit.
+// Failures: a consumer that waits longer than Options::spin_timeout_s for a
+// slot (a peer missing, late, or calling with another b or in another
+// order), or that runs with no publish since the last consume (a skipped
+// publish, a second gather), gives up. It records the kind, rank, stage,
+// source and row (device STATUS word and a host-mapped word) and, per
+// Options::on_failure:
+//   poison (default): stops waiting, stores the poison into the outputs it
+//     could not make (BF16 NaN 0xFFFF; NVFP4: every scale byte of the row
+//     0x7F, an E4M3 NaN, over zero codes), and returns. Every consumer of
+//     the mailbox then stops waiting too. The CUDA context stays usable: the
+//     next host-side check (check(), synchronize(), barrier(), or the next
+//     call of any entry point that uses the mailbox) throws RuntimeError
+//     naming the failure, and the caller destroys the mailbox (and what
+//     uses it) and builds new ones. The default because a trap takes down
+//     every rank that shares the process and every later CUDA call in it.
+//   trap: printf's the record and traps. The device's CUDA context is lost
+//     for the rest of the process; synchronize() names the failure. For
+//     debugging under a tool that stops at the trap.
+// Either way a consumer never returns data of another call.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -71,10 +85,13 @@ inline constexpr uint8_t kMailboxGuardByte = 0xa5;
 
 class LamportMailbox {
  public:
+  // What a consumer does when it gives up (see "Failures" above).
+  enum class OnFailure { poison, trap };
   struct Options {
-    // A consumer traps after waiting this long for one slot; in (0, 3600)
+    // A consumer gives up after waiting this long for one slot; in (0, 3600)
     // seconds (InvalidArgument otherwise).
     double spin_timeout_s = 5.0;
+    OnFailure on_failure = OnFailure::poison;
     // Bytes of kMailboxGuardByte before and after the data and state in the
     // allocation (for tests that check nothing writes outside the mailbox).
     size_t guard_bytes = 0;
@@ -128,12 +145,16 @@ class LamportMailbox {
   void gather(const TensorRef& out, cudaStream_t stream, const GatherOptions& options);
   void gather(const TensorRef& out, cudaStream_t stream) { gather(out, stream, GatherOptions{}); }
 
-  // cudaStreamSynchronize(stream), with a spin timeout reported as a
-  // RuntimeError naming rank, stage, source and row.
+  // cudaStreamSynchronize(stream), then check().
   void synchronize(cudaStream_t stream) const;
-  // The same check for an error a caller got from its own synchronisation.
+  // The same for an error a caller got from its own synchronisation.
   void raise_if_failed(cudaError_t err) const;
-  // The timeout this rank's consumers recorded, if any.
+  // RuntimeError naming the failure if a consumer of this rank has given up
+  // (no CUDA call: a read of the host-mapped record, so cheap enough for
+  // every entry point, which each calls it first). A consumer still running
+  // may record a failure later: check after synchronising for a final word.
+  void check() const;
+  // The failure this rank's consumers recorded, if any.
   std::optional<std::string> timeout_report() const;
 
   // Collective, not capturable: waits for every rank, runs one publish +

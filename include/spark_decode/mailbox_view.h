@@ -22,10 +22,14 @@ struct MailboxView {
   // that no kernel indexes copies by a run-time value: that would make the
   // compiler copy the parameter array into local memory.
   uint16_t* local = nullptr;
-  int32_t* state = nullptr;           // this rank's stage state, int32 [2]: NEXT, ACTIVE
+  int32_t* state = nullptr;           // this rank's stage state, int32 [3]: NEXT, ACTIVE, STATUS
   uint32_t* timeout_record = nullptr;  // host-mapped word a timing-out consumer reports into
   uint64_t spin_timeout_ns = 0;        // a consumer gives up on a slot after this long
   int tp = 0, rank = 0, capacity = 0, width = 0;
+  // What a consumer does when it gives up (a spin timeout, a consume with no
+  // publish): 0 records the failure (host word and STATUS), poisons the
+  // outputs it could not make and returns; 1 records it and traps.
+  int trap_on_failure = 0;
 };
 
 }  // namespace spark_decode

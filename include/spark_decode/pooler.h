@@ -175,6 +175,7 @@ void gather_norm(LamportMailbox& mailbox, const void* norm_weight, const float* 
 
 struct PoolerOptions {
   double spin_timeout_s = 5.0;      // the mailbox's
+  LamportMailbox::OnFailure on_failure = LamportMailbox::OnFailure::poison;  // the mailbox's
   size_t mailbox_guard_bytes = 0;   // the mailbox's (tests)
   // Every layer's GEMM on this engine instead of the table's (tune, tests).
   std::optional<PoolerGemmChoice> gemm;

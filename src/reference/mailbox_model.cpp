@@ -79,7 +79,6 @@ void MailboxModel::consume(int rank, uint16_t* out, int b, std::chrono::nanoseco
   // The device consumers' check (kernels/mailbox/device.cuh, check_published).
   if (state_[rank * mailbox::kStateWords + kNextWord].load(std::memory_order_relaxed) != active)
     throw MailboxNoPublish(rank, stage);
-  const int rows_before = mailbox::word_rows(active);
   const int64_t out_width = int64_t(L.tp) * L.width;
   const auto start = std::chrono::steady_clock::now();
   for (int q = 0; q < L.tp; ++q) {
@@ -94,16 +93,13 @@ void MailboxModel::consume(int rank, uint16_t* out, int b, std::chrono::nanoseco
             throw MailboxTimeout(rank, stage, q, row, timeout);
           v = cell.load(std::memory_order_acquire);
         }
+        // The reader clears what it read (protocol.h says why no peer
+        // writes it before this rank's next call).
+        cell.store(kSentinel, std::memory_order_relaxed);
         out[row * out_width + int64_t(q) * L.width + col] = v;
       }
     }
   }
-  // The stage of the call before: see protocol.h for why no peer writes it.
-  const int cleared = mailbox::clear_stage(stage);
-  for (int q = 0; q < L.tp; ++q)
-    for (int row = 0; row < rows_before; ++row)
-      for (int col = 0; col < L.width; ++col)
-        copy[L.offset(cleared, q, row, col)].store(kSentinel, std::memory_order_relaxed);
   state_[rank * mailbox::kStateWords + kNextWord].store(mailbox::advance_word(stage, b),
                                                          std::memory_order_relaxed);
 }

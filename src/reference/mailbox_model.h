@@ -60,7 +60,7 @@ class MailboxModel {
 
   // Rank `rank`'s consumer: waits for every source's rows [0, b) in its own
   // copy and writes them to out ([b, tp * width], column block q from source
-  // q), then clears the stage of the call before and advances. Throws
+  // q), clearing each element it read, then advances. Throws
   // MailboxTimeout (naming rank, stage, source, row) if a slot stays empty
   // for `timeout`, MailboxNoPublish if this rank published nothing since its
   // last consume.

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/mailbox/protocol.h"
 #include "spark_decode/error.h"
 #include "spark_decode/group.h"
 #include "spark_decode/mailbox.h"
@@ -27,7 +28,8 @@ inline MailboxRegions regions_of(const LamportMailbox& mb) {
   const char* base = static_cast<const char*>(mb.memory().local());
   const size_t data = reinterpret_cast<const char*>(mb.view().local) - base;
   const size_t state = reinterpret_cast<const char*>(mb.view().state) - base;
-  return {data, data + size_t(3) * mb.tp() * mb.capacity() * mb.width() * 2, state, state + 8};
+  return {data, data + size_t(3) * mb.tp() * mb.capacity() * mb.width() * 2, state,
+          state + mailbox::kStateWords * sizeof(int32_t)};
 }
 
 // Why the GPU tests cannot run here ("" when they can): no device, or none

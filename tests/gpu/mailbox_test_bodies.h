@@ -73,9 +73,9 @@ inline void check_rows(const uint16_t* out, int rows, uint64_t seed, int64_t cal
 }
 
 // This rank's whole allocation after call k (no peer ahead: the caller
-// synchronised the group): guards, every stage, the state words.
-inline void check_copy(const LamportMailbox& mb, int64_t k, int64_t payload_call, int b, int b_prev,
-                       uint64_t seed) {
+// synchronised the group): guards; every stage all sentinel (the consumer
+// cleared what it read, and no stray store landed anywhere); the state words.
+inline void check_copy(const LamportMailbox& mb, int64_t k, int b, int b_prev) {
   const int rank_for_errors = mb.rank();
   const int tp = mb.tp(), cap = mb.capacity(), width = mb.width();
   const size_t bytes = mb.memory().bytes();
@@ -88,24 +88,20 @@ inline void check_copy(const LamportMailbox& mb, int64_t k, int64_t payload_call
                data_begin, ", ", data_end, "), state at ", state_begin, ") was overwritten");
   }
   const auto* data = reinterpret_cast<const uint16_t*>(raw.data() + data_begin);
-  const int live = int(k % 3);
   for (int s = 0; s < 3; ++s)
     for (int q = 0; q < tp; ++q)
       for (int row = 0; row < cap; ++row)
         for (int col = 0; col < width; ++col) {
           const uint16_t got = data[((size_t(s) * tp + q) * cap + row) * width + col];
-          const uint16_t want = s == live && row < b
-                                    ? arrived_bits(payload_bits(seed, payload_call, q, row, col))
-                                    : kSentinelBits;
-          MB_REQUIRE(got == want, "call ", k, ": copy stage ", s, " source ", q, " row ", row,
-                     " col ", col, ": got 0x", std::hex, got, " want 0x", want);
+          MB_REQUIRE(got == kSentinelBits, "call ", k, ": copy stage ", s, " source ", q, " row ", row, " col ", col,
+                     ": got 0x", std::hex, got, " want the sentinel");
         }
-  uint32_t state[2];
-  std::memcpy(state, raw.data() + state_begin, 8);
+  uint32_t state[3];
+  std::memcpy(state, raw.data() + state_begin, sizeof state);
   const uint32_t next = (uint32_t((k + 1) % 3) << 16) | uint32_t(b);
   const uint32_t active = (uint32_t(k % 3) << 16) | uint32_t(b_prev);
-  MB_REQUIRE(state[0] == next && state[1] == active, "call ", k, ": state NEXT 0x", std::hex,
-             state[0], " ACTIVE 0x", state[1], ", want 0x", next, " 0x", active);
+  MB_REQUIRE(state[0] == next && state[1] == active && state[2] == 0, "call ", k, ": state NEXT 0x", std::hex,
+             state[0], " ACTIVE 0x", state[1], " STATUS 0x", state[2], ", want 0x", next, " 0x", active, " 0");
 }
 
 // Every b from 1 to capacity, then random ones; publish and gather options
@@ -143,7 +139,7 @@ inline void payloads_arrive_bit_for_bit(Group& group, int device, int width, uin
     check_rows(host_out.data(), cap, seed, k, b, tp, width, rank_for_errors);
     const std::string guards = src.check_guards() + out.check_guards();
     MB_REQUIRE(guards.empty(), "call ", k, ": ", guards);
-    check_copy(mb, k, k, b, b_prev, seed);
+    check_copy(mb, k, b, b_prev);
     group.barrier();  // nobody publishes call k + 1 while a peer checks its copy
     b_prev = b;
   }
@@ -252,18 +248,24 @@ inline void graph_replays(Group& group, int device, int width, int per_graph, in
 // Every rank runs four good calls; then rank 0 runs call 4 and every other
 // rank skips it. Rank 0's consumer must end in the spin-timeout error, not a
 // hang. Returns rank 0's error text and how long it waited (other ranks: "",
-// -1). The trap poisons rank 0's CUDA context: run this last in a process.
+// -1). With OnFailure::trap the trap poisons rank 0's CUDA context: run it
+// last in a process. With OnFailure::poison rank 0 also checks that the
+// columns of the missing sources hold the poison, those of its own block
+// the payload, and that every entry point now refuses with the failure.
 struct TimeoutOutcome {
   std::string error;
   double waited_s = -1;
 };
-inline TimeoutOutcome skipped_call_times_out(Group& group, int device, double timeout_s) {
-  const int rank = group.rank(), tp = group.size();
+inline TimeoutOutcome skipped_call_times_out(Group& group, int device, double timeout_s,
+                                             LamportMailbox::OnFailure on_failure) {
+  const int rank = group.rank(), tp = group.size(), rank_for_errors = rank;
+  const int cap = 16, width = 256;
   LamportMailbox::Options options;
   options.spin_timeout_s = timeout_s;
-  LamportMailbox mb(group, tp, rank, 16, 256, device, options);
+  options.on_failure = on_failure;
+  LamportMailbox mb(group, tp, rank, cap, width, device, options);
   Stream stream;
-  GuardedBuffer src(16 * 256 * 2), out(size_t(16) * tp * 256 * 2);
+  GuardedBuffer src(cap * width * 2), out(size_t(cap) * tp * width * 2);
   src.fill(0);
   for (int k = 0; k < 4; ++k) {  // a few good calls first
     mb.publish(src.get(), 1 + k, stream);
@@ -273,6 +275,11 @@ inline TimeoutOutcome skipped_call_times_out(Group& group, int device, double ti
   group.barrier();
   TimeoutOutcome outcome;
   if (rank == 0) {
+    const uint64_t seed = test_seed("mailbox skipped call");
+    std::vector<uint16_t> host_src(size_t(cap) * width), host_out(size_t(cap) * tp * width);
+    fill_src(host_src.data(), seed, 4, rank, 3, width);
+    src.upload(host_src.data(), host_src.size() * 2);
+    out.fill(0x11);
     const auto start = std::chrono::steady_clock::now();
     mb.publish(src.get(), 3, stream);
     mb.gather(out.get(), 3, stream);
@@ -282,11 +289,93 @@ inline TimeoutOutcome skipped_call_times_out(Group& group, int device, double ti
       outcome.error = e.what();
     }
     outcome.waited_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (on_failure == LamportMailbox::OnFailure::poison) {
+      out.download(host_out.data(), out.bytes());
+      for (int row = 0; row < cap; ++row)
+        for (int c = 0; c < tp * width; ++c) {
+          const uint16_t got = host_out[size_t(row) * tp * width + c];
+          const uint16_t want = row >= 3           ? uint16_t(0x1111)
+                                : c / width == 0 ? arrived_bits(payload_bits(seed, 4, 0, row, c))
+                                                 : uint16_t(0xffff);
+          MB_REQUIRE(got == want, "after the timeout, output row ", row, " col ", c, ": got 0x", std::hex, got,
+                     " want 0x", want);
+        }
+      for (int entry = 0; entry < 3; ++entry) {
+        std::string refused;
+        try {
+          if (entry == 0) mb.publish(src.get(), 1, stream);
+          if (entry == 1) mb.gather(out.get(), 1, stream);
+          if (entry == 2) mb.check();
+        } catch (const RuntimeError& e) {
+          refused = e.what();
+        }
+        MB_REQUIRE(refused.find("spin timeout on rank 0") != std::string::npos &&
+                       refused.find("destroy this mailbox") != std::string::npos,
+                   "entry point ", entry, " after the failure: '", refused, "'");
+      }
+    }
   }
   // The skipping ranks keep their copies mapped (rank 0's publish writes into
   // them) until rank 0 has its error.
   group.barrier();
   return outcome;
+}
+
+// After a failure with OnFailure::poison the process goes on: a new mailbox
+// on the same group runs calls bit for bit, and a gather with no publish
+// since the last one then ends at once (the other consumers stop at STATUS,
+// long before the timeout) in the named error with its whole output
+// poisoned, never the last call's rows. Then the protocol goes on in a
+// third mailbox.
+inline void failure_is_survived(Group& group, int device, double timeout_s) {
+  const int rank = group.rank(), tp = group.size(), rank_for_errors = rank;
+  const int cap = 16, width = 256;
+  const uint64_t seed = test_seed("mailbox survives a failure");
+  LamportMailbox::Options options;
+  options.spin_timeout_s = timeout_s;
+  Stream stream;
+  GuardedBuffer src(cap * width * 2), out(size_t(cap) * tp * width * 2);
+  std::vector<uint16_t> host_src(size_t(cap) * width), host_out(size_t(cap) * tp * width);
+  auto good_calls = [&](LamportMailbox& mb, int calls) {
+    for (int k = 0; k < calls; ++k) {
+      const int b = 1 + (k * 5) % cap;
+      fill_src(host_src.data(), seed, k, rank, b, width);
+      src.upload(host_src.data(), size_t(b) * width * 2);
+      out.fill(0xff);
+      mb.publish(src.get(), b, stream);
+      mb.gather(out.get(), b, stream);
+      mb.synchronize(stream);
+      out.download(host_out.data(), out.bytes());
+      check_rows(host_out.data(), cap, seed, k, b, tp, width, rank_for_errors);
+    }
+  };
+  {
+    LamportMailbox mb(group, tp, rank, cap, width, device, options);
+    good_calls(mb, 5);
+    group.barrier();
+    out.fill(0x11);
+    const auto start = std::chrono::steady_clock::now();
+    mb.gather(out.get(), 4, stream);  // no publish
+    std::string error;
+    try {
+      mb.synchronize(stream);
+    } catch (const RuntimeError& e) {
+      error = e.what();
+    }
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    MB_REQUIRE(error.find("no publish since the last consume") != std::string::npos, "second gather: '", error,
+               "'");
+    MB_REQUIRE(waited < timeout_s / 2, "the second gather's error took ", waited, " s (timeout ", timeout_s, ")");
+    out.download(host_out.data(), out.bytes());
+    for (size_t i = 0; i < host_out.size(); ++i)
+      MB_REQUIRE(host_out[i] == (i < size_t(4) * tp * width ? 0xffff : 0x1111), "second gather: output element ",
+                 i, " = 0x", std::hex, host_out[i]);
+    if (rank == 0) std::printf("gather without publish, surviving: %s (%.3f s)\n", error.c_str(), waited);
+    group.barrier();
+  }
+  LamportMailbox mb(group, tp, rank, cap, width, device, options);
+  good_calls(mb, 4);
+  mb.barrier();
 }
 
 // What rank 0's outcome must show: the error within the timeout, naming call

@@ -2,9 +2,9 @@
 // InProcessGroup (peer access, direct pointers). Bodies shared with the MPI
 // test are in mailbox_test_bodies.h.
 //
-// The spin-timeout test traps on GPU 0, which poisons that device's CUDA
-// context for the rest of the process: it is the last test of this file,
-// and ctest runs every test in its own process anyway.
+// The tests of the trap mode (LamportMailbox::OnFailure::trap) poison GPU
+// 0's CUDA context for the rest of the process: they come last in this file
+// (Zz), and ctest runs every test in its own process anyway.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -64,10 +64,11 @@ TEST(Mailbox, RefusesBadArgumentsBeforeLaunching) {
     // Nothing ran: the state is still the initial one and the data all
     // sentinel (check_copy of "call -1" would not fit; check directly).
     CUDA_CHECK(cudaDeviceSynchronize());
-    int32_t state[2];
-    CUDA_CHECK(cudaMemcpy(state, mb.view().state, 8, cudaMemcpyDeviceToHost));
+    int32_t state[3];
+    CUDA_CHECK(cudaMemcpy(state, mb.view().state, sizeof state, cudaMemcpyDeviceToHost));
     EXPECT_EQ(state[0], 0);
     EXPECT_EQ(state[1], 0);
+    EXPECT_EQ(state[2], 0);
     const auto regions = sd::testing::regions_of(mb);
     std::vector<uint16_t> data((regions.data_end - regions.data_begin) / 2);
     CUDA_CHECK(cudaMemcpy(data.data(), mb.view().local, data.size() * 2, cudaMemcpyDeviceToHost));
@@ -164,30 +165,57 @@ TEST(Mailbox, HundredCreateDestroyCyclesLeakNothing) {
   for (const auto& f : failures) ADD_FAILURE() << f;
 }
 
+// A missing peer with two ranks sharing the one GPU (the mailbox then
+// launches without programmatic dependent launch, so rank 0's consumer
+// spinning never stops the other rank from running), and tp 4 likewise:
+// rank 0 gets the timeout, poisoned outputs, refusals; then every rank goes
+// on with new mailboxes and meets a gather without publish.
+TEST(Mailbox, SkippedCallIsSurvivedTp2Tp4OnOneGpu) {
+  SKIP_WITHOUT_GPU(1);
+  for (const int tp : {2, 4}) {
+    const double timeout_s = 0.5;
+    TimeoutOutcome rank0;
+    const auto failures = run_on_gpus(
+        tp,
+        [&](sd::Group& g, int r) {
+          const TimeoutOutcome o = skipped_call_times_out(g, r, timeout_s, sd::LamportMailbox::OnFailure::poison);
+          if (g.rank() == 0) rank0 = o;
+          failure_is_survived(g, r, 2.0);
+        },
+        1);
+    for (const auto& f : failures) ADD_FAILURE() << "tp " << tp << ": " << f;
+    expect_timeout_outcome(rank0, timeout_s);
+  }
+}
+
+TEST(Mailbox, GatherWithoutPublishIsSurvived) {
+  SKIP_WITHOUT_GPU(1);
+  const auto failures = run_on_gpus(1, [&](sd::Group& g, int r) { failure_is_survived(g, r, 2.0); });
+  for (const auto& f : failures) ADD_FAILURE() << f;
+}
+
 // Last: traps on GPU 0 (see the file comment).
-TEST(Mailbox, ZzSkippedCallTimesOutInsteadOfHanging) {
+TEST(Mailbox, ZzSkippedCallTrapsWithTheReport) {
   SKIP_WITHOUT_TWO_PEER_GPUS();
   const double timeout_s = 0.5;
   TimeoutOutcome rank0;
   const auto failures = run_on_gpus(2, [&](sd::Group& g, int r) {
-    const TimeoutOutcome o = skipped_call_times_out(g, r, timeout_s);
+    const TimeoutOutcome o = skipped_call_times_out(g, r, timeout_s, sd::LamportMailbox::OnFailure::trap);
     if (r == 0) rank0 = o;
   });
   for (const auto& f : failures) ADD_FAILURE() << f;
   expect_timeout_outcome(rank0, timeout_s);
 }
 
-// The same where one GPU is lent: two ranks sharing it (the mailbox then
-// launches without programmatic dependent launch, so rank 0's consumer
-// spinning never stops the other rank from running).
-TEST(Mailbox, ZzSkippedCallTimesOutTp2OnOneGpu) {
+// The same where one GPU is lent: two ranks sharing it.
+TEST(Mailbox, ZzSkippedCallTrapsWithTheReportTp2OnOneGpu) {
   SKIP_WITHOUT_GPU(1);
   const double timeout_s = 0.5;
   TimeoutOutcome rank0;
   const auto failures = run_on_gpus(
       2,
       [&](sd::Group& g, int r) {
-        const TimeoutOutcome o = skipped_call_times_out(g, r, timeout_s);
+        const TimeoutOutcome o = skipped_call_times_out(g, r, timeout_s, sd::LamportMailbox::OnFailure::trap);
         if (g.rank() == 0) rank0 = o;
       },
       1);
@@ -196,13 +224,15 @@ TEST(Mailbox, ZzSkippedCallTimesOutTp2OnOneGpu) {
 }
 
 // A gather with no publish since the last one must not return the last
-// call's rows: it ends in the named protocol error (and traps: the last
-// test of this process).
-TEST(Mailbox, ZzGatherWithoutPublishIsNamed) {
+// call's rows: in the trap mode it ends in the named protocol error (and
+// traps: the last test of this process).
+TEST(Mailbox, ZzGatherWithoutPublishTrapsWithTheReport) {
   SKIP_WITHOUT_GPU(1);
   auto shared = sd::InProcessGroup::make_shared(1);
   sd::InProcessGroup g(shared, 0);
-  sd::LamportMailbox mb(g, 1, 0, 16, 256, 0);
+  sd::LamportMailbox::Options options;
+  options.on_failure = sd::LamportMailbox::OnFailure::trap;
+  sd::LamportMailbox mb(g, 1, 0, 16, 256, 0, options);
   GuardedBuffer src(16 * 256 * 2), out(16 * 256 * 2);
   src.fill(0);
   for (int k = 0; k < 3; ++k) {
@@ -220,6 +250,7 @@ TEST(Mailbox, ZzGatherWithoutPublishIsNamed) {
   std::printf("gather without publish: %s\n", error.c_str());
   EXPECT_NE(error.find("no publish since the last consume"), std::string::npos) << error;
   EXPECT_NE(error.find("rank 0"), std::string::npos) << error;
+  EXPECT_NE(error.find("trapped"), std::string::npos) << error;
 }
 
 }  // namespace

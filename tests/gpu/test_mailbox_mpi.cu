@@ -86,14 +86,24 @@ TEST(UnpoolerPublishMpi, GraphReplayEqualsEager) {
   });
 }
 
-// Last suite of the file (gtest runs suites in order of appearance): the
-// trap poisons rank 0's CUDA context for the rest of
-// the process. Rank 1 skips call 4; rank 0's consumer must give the spin
-// timeout error (rank, stage, source, row) within the timeout, not hang.
-TEST(ZzMailboxMpiTimeout, SkippedCallTimesOutInsteadOfHanging) {
+// Rank 1 skips call 4; rank 0's consumer must give the spin timeout error
+// (rank, stage, source, row) within the timeout, not hang, poison what it
+// could not read and leave the process able to go on.
+TEST(MailboxMpiTimeout, SkippedCallIsSurvived) {
   run_body([](sd::Group& g, int device) {
     const double timeout_s = 0.5;
-    const TimeoutOutcome o = skipped_call_times_out(g, device, timeout_s);
+    const TimeoutOutcome o = skipped_call_times_out(g, device, timeout_s, sd::LamportMailbox::OnFailure::poison);
+    if (g.rank() == 0) expect_timeout_outcome(o, timeout_s);
+    failure_is_survived(g, device, 2.0);
+  });
+}
+
+// Last suite of the file (gtest runs suites in order of appearance): the
+// trap poisons rank 0's CUDA context for the rest of the process.
+TEST(ZzMailboxMpiTimeout, SkippedCallTrapsWithTheReport) {
+  run_body([](sd::Group& g, int device) {
+    const double timeout_s = 0.5;
+    const TimeoutOutcome o = skipped_call_times_out(g, device, timeout_s, sd::LamportMailbox::OnFailure::trap);
     if (g.rank() == 0) expect_timeout_outcome(o, timeout_s);
   });
 }

@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdio>
 #include <vector>
 #include <string>
@@ -453,6 +454,87 @@ TEST(PoolerFused, EqualsStockAtTp4OnTwoGpus) {
   const uint64_t seed = test_seed("fused tp4");
   for (const auto& f : run_on_gpus(4, [&](sd::Group& g, int d) { fused_equals_stock(g, d, 2, seed); }, 2))
     ADD_FAILURE() << f;
+}
+
+// A fused consumer with no publish since the last consume (the default
+// OnFailure::poison): the named error at once, and every output of the call
+// holds the poison of its format (docs/design.md, "Failures"), never the
+// last call's rows; the mailbox then refuses every entry point.
+void consumer_failure_poisons(sd::Group& group, int device, uint64_t seed) {
+  const int tp = group.size(), rank = group.rank(), cols = sd::kMuseSpark.pooled, width = cols / tp, b = 5;
+  const auto rows = random_rows(b, cols, seed);
+  const auto mine = block_of(rows, b, cols, rank, width);
+  const auto weight = normal_bf16(cols, seed + 1, 0.3f);
+  const float scale = 100.0f;
+  for (sd::OutputFormat format : {sd::OutputFormat::bf16, sd::OutputFormat::nvfp4, sd::OutputFormat::nvfp4_swizzled}) {
+    const std::string what = std::string("tp ") + std::to_string(tp) + " " + sd::format_name(format);
+    const sd::ScaleLayout layout =
+        format == sd::OutputFormat::nvfp4_swizzled ? sd::ScaleLayout::swizzled : sd::ScaleLayout::linear;
+    const size_t sf_bytes = size_t(sd::nvfp4_scale_rows(b, layout)) * cols / 16;
+    sd::LamportMailbox::Options options;
+    options.spin_timeout_s = 2.0;
+    sd::LamportMailbox mb(group, tp, rank, sd::kMaxBatch, width, device, options);
+    TestStream stream;
+    DeviceBuffer block(size_t(b) * width * 2), w(cols * 2), gs(4);
+    GuardedBuffer normed(size_t(b) * cols * 2), a(size_t(b) * cols / 2), a_sf(sf_bytes);
+    block.upload(mine.data(), mine.size() * 2);
+    w.upload(weight.data(), weight.size() * 2);
+    gs.upload(&scale, 4);
+    sd::PoolerOutput o;
+    o.format = format;
+    o.normed.data = normed.get();
+    o.a.data = a.get();
+    o.a_sf.data = a_sf.get();
+    mb.publish(block.get(), b, stream);
+    sd::gather_norm(mb, w.get(), gs.as<float>(), 1e-5f, 1.0f, o, b, stream);
+    mb.synchronize(stream);
+    group.barrier();
+    for (GuardedBuffer* buf : {&normed, &a, &a_sf}) buf->fill(0x3c);
+    const auto start = std::chrono::steady_clock::now();
+    sd::gather_norm(mb, w.get(), gs.as<float>(), 1e-5f, 1.0f, o, b, stream);  // no publish
+    std::string error;
+    try {
+      mb.synchronize(stream);
+    } catch (const sd::RuntimeError& e) {
+      error = e.what();
+    }
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    POOLER_REQUIRE(error.find("no publish since the last consume") != std::string::npos, what, ": '", error, "'");
+    POOLER_REQUIRE(waited < 1.0, what, ": the error took ", waited, " s");
+    POOLER_REQUIRE((normed.check_guards() + a.check_guards() + a_sf.check_guards()).empty(), what, ": guards");
+    if (format == sd::OutputFormat::bf16) {
+      const auto f = download<uint16_t>(normed.get(), normed.bytes() / 2);
+      for (size_t i = 0; i < f.size(); ++i)
+        POOLER_REQUIRE(f[i] == 0xffff, what, ": normed element ", i, " = 0x", std::hex, f[i], ", not the poison");
+    } else {
+      const auto codes = download<uint8_t>(a.get(), a.bytes()), sf = download<uint8_t>(a_sf.get(), sf_bytes);
+      for (size_t i = 0; i < codes.size(); ++i)
+        POOLER_REQUIRE(codes[i] == 0, what, ": code byte ", i, " = 0x", std::hex, int(codes[i]));
+      for (int r = 0; r < sd::nvfp4_scale_rows(b, layout); ++r)
+        for (int k = 0; k < cols / 16; ++k) {
+          const uint8_t got = sf[sd::nvfp4_scale_offset(r, k, cols, layout)];
+          POOLER_REQUIRE(got == (r < b ? 0x7f : 0), what, ": scale row ", r, " column ", k, " = 0x", std::hex,
+                         int(got));
+        }
+    }
+    std::string refused;
+    try {
+      sd::gather_norm(mb, w.get(), gs.as<float>(), 1e-5f, 1.0f, o, b, stream);
+    } catch (const sd::RuntimeError& e) {
+      refused = e.what();
+    }
+    POOLER_REQUIRE(refused.find("destroy this mailbox") != std::string::npos, what, ": after the failure: '",
+                   refused, "'");
+    group.barrier();
+  }
+}
+
+TEST(PoolerFormats, ConsumerFailurePoisonsEveryFormatTp1Tp2OnOneGpu) {
+  SKIP_WITHOUT_GPU(1);
+  const uint64_t seed = test_seed("pooler consumer failure");
+  for (const int tp : {1, 2})
+    for (const auto& f : run_on_gpus(tp, [&](sd::Group& g, int d) { consumer_failure_poisons(g, d, seed); }, 1))
+      ADD_FAILURE() << "tp " << tp << ": " << f;
 }
 
 TEST(PoolerFormats, EveryFormatEqualsStockOneGpu) {

@@ -124,6 +124,16 @@ __device__ __forceinline__ uint4 ld_volatile_v4(const void* ptr) {
   return v;
 }
 
+// Compare-and-swap, relaxed, system scope: returns the old value.
+__device__ __forceinline__ uint32_t cas_relaxed_sys_u32(uint32_t* ptr, uint32_t expected, uint32_t desired) {
+  uint32_t old;
+  asm volatile("atom.relaxed.sys.global.cas.b32 %0, [%1], %2, %3;"
+               : "=r"(old)
+               : "l"(ptr), "r"(expected), "r"(desired)
+               : "memory");
+  return old;
+}
+
 __device__ __forceinline__ void st_relaxed_sys_u32(uint32_t* ptr, uint32_t v) {
   asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(ptr), "r"(v) : "memory");
 }

@@ -2,7 +2,7 @@
 // Lamport mailbox, in the layer's output format: the normed BF16 rows, or
 // their NVFP4 codes with linear or swizzled block scales (docs/design.md,
 // "The Pooler", "Exact semantics"). The mailbox steps
-// (read ACTIVE, advance, poll, clear) are mailbox/device.cuh's, the norm is norm/rms.cuh's and the
+// (read ACTIVE, advance, poll and clear) are mailbox/device.cuh's, the norm is norm/rms.cuh's and the
 // quantizer nvfp4/nvfp4.cuh's: this kernel only wires them together, so its
 // bytes equal the stock gather + ExpertNorm + nvfp4_quantize by
 // construction (and the GPU tests check it).
@@ -42,16 +42,21 @@ struct GatherNormArgs {
 
 // Grid (b), block P / 16 = tp * width / 16: thread t of CTA i owns columns
 // [16t, 16t + 16) of row i, which lie in one source's block (width % 16 ==
-// 0): it polls their two vectors, clears the same columns of the previous
-// call's rows i, i + b, ..., joins the row's mean(x^2), normalises and
-// stores its 16 normed values or quantizes them as one NVFP4 block (with the
-// swizzled scales, also the zero padding of scale rows i + b, i + 2b, ...
-// below 128). Every output store follows griddepcontrol.wait: the previous
-// grid may still read the outputs of the call before.
+// 0): it takes their two vectors from the mailbox (poll, then clear), joins
+// the row's mean(x^2), normalises and stores its 16 normed values or
+// quantizes them as one NVFP4 block (with the swizzled scales, also the zero
+// padding of scale rows b..127). Every output store follows
+// griddepcontrol.wait: the previous grid may still read the outputs of the
+// call before. A row any of whose vectors could not be read (the mailbox
+// failed: device.cuh, record_failure) is stored poisoned: BF16 NaN
+// (0xFFFF) in every normed value, or every scale byte of the row
+// kPoisonScale (E4M3 NaN) over its NVFP4 codes.
+inline constexpr uint8_t kPoisonScale = 0x7f;
 template <int FORMAT>
 __global__ void gather_norm_kernel(const GatherNormArgs a) {
   SPARK_TRACE_CTA(kGatherNorm);
   __shared__ float warp_sums[norm::kMaxWarps];
+  __shared__ int row_failed;
   const MailboxView& mb = a.mailbox;
   const mailbox::Layout layout = mailbox_dev::layout_of(mb);
   const int t = threadIdx.x, row = blockIdx.x;
@@ -61,6 +66,10 @@ __global__ void gather_norm_kernel(const GatherNormArgs a) {
   float w[16];
   nvfp4::bf16x8_to_float(ptx::ld_v4(a.weight + 16 * t), w);
   nvfp4::bf16x8_to_float(ptx::ld_v4(a.weight + 16 * t + 8), w + 8);
+  if (t == 0) row_failed = 0;
+  // Before the wait, so off the path from the data's arrival: row_failed's
+  // initial value is seen by every thread that may set it.
+  __syncthreads();
 
   // The next grid (the next layer's GEMM) may launch now and stream its
   // weights while this one waits (device.cuh, ordering 6).
@@ -73,20 +82,19 @@ __global__ void gather_norm_kernel(const GatherNormArgs a) {
   const float global_scale = FORMAT == kFormatBf16 ? 0.0f : *a.global_scale;
   const uint32_t active = mailbox_dev::read_active(mb.state);
   SPARK_TRACE_MARK(0, active);  // ACTIVE has arrived
-  if (t == 0 && row == 0) {
-    mailbox_dev::check_published(mb, active);
-    mailbox_dev::advance(mb.state, active, a.b);
-  }
+  if (t == 0 && row == 0 && mailbox_dev::check_published(mb, active)) mailbox_dev::advance(mb.state, active, a.b);
   const int stage = mailbox::word_stage(active);
   uint16_t* const local = mb.local;
 
-  const uint4 v0 = mailbox_dev::poll_vec(local + layout.offset(stage, source, row, col), mb, stage, source, row);
-  const uint4 v1 = mailbox_dev::poll_vec(local + layout.offset(stage, source, row, col + 8), mb, stage, source, row);
+  bool failed = false;
+  const uint4 v0 =
+      mailbox_dev::take_vec(local + layout.offset(stage, source, row, col), mb, stage, source, row, failed);
+  const uint4 v1 =
+      mailbox_dev::take_vec(local + layout.offset(stage, source, row, col + 8), mb, stage, source, row, failed);
   SPARK_TRACE_MARK(1, v1.w);  // this thread's data has arrived
   if (!a.launch_next_early) ptx::griddep_launch_dependents();
-  const int cleared = mailbox::clear_stage(stage), rows_prev = mailbox::word_rows(active);
-  mailbox_dev::clear_rows(local, layout, cleared, source, col, row, gridDim.x, rows_prev);
-  mailbox_dev::clear_rows(local, layout, cleared, source, col + 8, row, gridDim.x, rows_prev);
+  // Read after inv_rms's __syncthreads.
+  if (failed) row_failed = 1;
 
   float x[16], y[16];
   nvfp4::bf16x8_to_float(v0, x);
@@ -94,14 +102,16 @@ __global__ void gather_norm_kernel(const GatherNormArgs a) {
   const float inv = norm::inv_rms(x, cols, a.eps, warp_sums);
   uint4 normed[2];
   norm::normalize(x, w, inv, a.gain_center, y, normed);
+  const bool poisoned = row_failed != 0;
   if constexpr (FORMAT == kFormatBf16) {
+    if (poisoned) normed[0] = normed[1] = mailbox_dev::poison_vec();
     __nv_bfloat16* const out = a.normed + int64_t(row) * cols + 16 * t;
     ptx::st_v4(out, normed[0]);
     ptx::st_v4(out + 8, normed[1]);
     return;
   }
-  uint32_t packed[2];
-  const uint32_t sf = nvfp4::quantize_block(y, global_scale, packed);
+  uint32_t packed[2] = {0, 0};
+  const uint32_t sf = poisoned ? kPoisonScale : nvfp4::quantize_block(y, global_scale, packed);
   *reinterpret_cast<uint2*>(a.a + int64_t(row) * (cols / 2) + 8 * t) = make_uint2(packed[0], packed[1]);
   const int scale_cols = cols / 16;  // a multiple of 32 (P % 512 == 0): no padding columns
   if constexpr (FORMAT == kFormatNvfp4) {

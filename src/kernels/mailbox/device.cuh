@@ -87,6 +87,11 @@ __device__ __forceinline__ void set_active(int32_t* state, uint32_t next_word) {
 __device__ __forceinline__ uint32_t read_active(const int32_t* state) {
   return ptx::ld_relaxed_sys_u32(reinterpret_cast<const uint32_t*>(state) + mailbox::kActiveWord);
 }
+// Consumer: the mailbox's failure status (0: healthy), read after the wait.
+__device__ __forceinline__ uint32_t read_status(const int32_t* state) {
+  return ptx::ld_relaxed_sys_u32(reinterpret_cast<const uint32_t*>(state) + mailbox::kStatusWord);
+}
+
 // Consumer: NEXT = the following stage and this call's rows. Idempotent;
 // one thread of the grid calls it.
 __device__ __forceinline__ void advance(int32_t* state, uint32_t active_word, int rows) {
@@ -186,71 +191,78 @@ __device__ __forceinline__ void store_pair_to_all(const MailboxView& mb, int64_t
 
 // ---- consuming -------------------------------------------------------------------
 
-// Reports a slot that never filled and kills the grid. Out of line, with the
-// view's three fields it needs: the hot loop stays small.
-__device__ __noinline__ inline void spin_timeout(uint64_t timeout_ns, uint32_t* record, int rank, int stage,
-                                                 int source, int row) {
-  if (record != nullptr) {
-    ptx::st_relaxed_sys_u32(record, mailbox::make_timeout_record(rank, stage, source, row));
-    ptx::fence_acq_rel_sys();  // the record reaches host memory before the trap
+// A consumer giving up (a spin timeout, a consume with no publish). The
+// first to give up (a compare-and-swap on STATUS: one report, not one per
+// thread) writes its record to host-mapped memory, from which the host names
+// the failure even after a trap, and prints it; STATUS makes the other
+// consumers stop waiting (take_vec). Then it traps
+// (MailboxView::trap_on_failure) or returns, and the caller poisons what it
+// could not compute. Out of line: the hot loops stay small.
+__device__ __noinline__ inline void record_failure(const MailboxView& mb, uint32_t record, const char* what) {
+  uint32_t* const status = reinterpret_cast<uint32_t*>(mb.state) + mailbox::kStatusWord;
+  if (ptx::cas_relaxed_sys_u32(status, 0u, record) == 0u) {
+    if (mb.timeout_record != nullptr) ptx::st_relaxed_sys_u32(mb.timeout_record, record);
+    ptx::fence_acq_rel_sys();  // the record reaches host memory before a trap
+    printf("spark-decode mailbox: rank %d: %s (stage %d, source %d, row %d); %s\n", mailbox::record_rank(record),
+           what, mailbox::record_stage(record), mailbox::record_source(record), mailbox::record_row(record),
+           mb.trap_on_failure ? "trapping" : "outputs poisoned, the host's next check raises");
   }
-  printf("spark-decode mailbox: spin timeout on rank %d: stage %d, source %d, row %d not "
-         "published within %llu ns (a peer is missing, late or out of order); trapping\n",
-         rank, stage, source, row, static_cast<unsigned long long>(timeout_ns));
-  __trap();
+  if (mb.trap_on_failure) __trap();
 }
 
 // Consumer: ACTIVE must equal NEXT (the publisher of this call copied NEXT
 // into ACTIVE; the consumer of the last call advanced NEXT past it). A
 // consume with no publish since the last one (a skipped publish, a second
-// gather) finds them apart: it records that and traps instead of returning
-// the previous call's rows. One thread of the grid checks.
-__device__ __noinline__ inline void no_publish(uint32_t* record, int rank, int stage) {
-  if (record != nullptr) {
-    ptx::st_relaxed_sys_u32(record, mailbox::make_record(mailbox::kNoPublish, rank, stage, 0, 0));
-    ptx::fence_acq_rel_sys();  // the record reaches host memory before the trap
-  }
-  printf("spark-decode mailbox: rank %d consumed stage %d with no publish since the last consume (a skipped "
-         "publish or a second gather); trapping\n",
-         rank, stage);
-  __trap();
-}
-__device__ __forceinline__ void check_published(const MailboxView& mb, uint32_t active) {
-  if (read_next(mb.state) != active) no_publish(mb.timeout_record, mb.rank, mailbox::word_stage(active));
+// gather) finds them apart: it fails (record_failure) instead of returning
+// the previous call's rows. Returns whether the call may go on; one thread
+// of the grid checks.
+__device__ __forceinline__ bool check_published(const MailboxView& mb, uint32_t active) {
+  if (read_next(mb.state) == active) return true;
+  record_failure(mb, mailbox::make_record(mailbox::kNoPublish, mb.rank, mailbox::word_stage(active), 0, 0),
+                 "consumed with no publish since the last consume (a skipped publish or a second gather)");
+  return false;
 }
 
 __device__ __forceinline__ bool vec_has_sentinel(const uint4& v) {
   return mailbox::vec_has_sentinel(v.x, v.y, v.z, v.w);
 }
 
-// Spins on the 16-byte vector at `ptr` (in this rank's own copy) until no
-// BF16 lane holds the sentinel; returns it. Traps after mb.spin_timeout_ns.
-__device__ __forceinline__ uint4 poll_vec(const uint16_t* ptr, const MailboxView& mb, int stage, int source,
-                                          int row) {
-  uint4 v = ptx::ld_volatile_v4(ptr);
-  if (!vec_has_sentinel(v)) return v;
-  const uint64_t start = ptx::globaltimer_ns();
-  while (true) {
-    v = ptx::ld_volatile_v4(ptr);
-    if (!vec_has_sentinel(v)) return v;
-    if (ptx::globaltimer_ns() - start > mb.spin_timeout_ns)
-      spin_timeout(mb.spin_timeout_ns, mb.timeout_record, mb.rank, stage, source, row);
-  }
-}
+// What a consumer gives for data it could not read: BF16 NaNs in every lane.
+inline constexpr uint32_t kPoisonPair = 0xffffffffu;
+__device__ __forceinline__ uint4 poison_vec() { return make_uint4(kPoisonPair, kPoisonPair, kPoisonPair, kPoisonPair); }
 
-// Restores the sentinel in this rank's own copy for stage `stage`, source
-// `source`, columns [col, col + 8), rows row_begin, row_begin + row_step, ...
-// below `rows`. Called with the stage and rows of the call before the
-// current one (mailbox::clear_stage, word_rows(ACTIVE)): protocol.h argues
-// no peer writes that stage now. Plain stores: the next writer of the stage
-// runs after a kernel boundary of this rank (ordering 1 above).
-__device__ __forceinline__ void clear_rows(uint16_t* copy, const Layout& layout, int stage,
-                                           int source, int col, int row_begin, int row_step,
-                                           int rows) {
-  const uint4 sentinel = make_uint4(mailbox::kSentinelPair, mailbox::kSentinelPair,
-                                    mailbox::kSentinelPair, mailbox::kSentinelPair);
-  for (int row = row_begin; row < rows; row += row_step)
-    ptx::st_v4(copy + layout.offset(stage, source, row, col), sentinel);
+// Spins on the 16-byte vector at `ptr` (in this rank's own copy) until no
+// BF16 lane holds the sentinel, restores the sentinel there (protocol.h: the
+// reader clears what it read) and returns the vector. Gives up when STATUS
+// shows another consumer failed (read every kStatusPolls spins: one more L2
+// load per spin would slow the common wait) or after mb.spin_timeout_ns
+// (record_failure): then sets `failed` and returns poison_vec().
+inline constexpr unsigned kStatusPolls = 256;
+__device__ __forceinline__ uint4 take_vec(uint16_t* ptr, const MailboxView& mb, int stage, int source, int row,
+                                          bool& failed) {
+  const uint4 sentinel = make_uint4(mailbox::kSentinelPair, mailbox::kSentinelPair, mailbox::kSentinelPair,
+                                    mailbox::kSentinelPair);
+  uint4 v = ptx::ld_volatile_v4(ptr);
+  if (!vec_has_sentinel(v)) {
+    ptx::st_v4(ptr, sentinel);
+    return v;
+  }
+  const uint64_t start = ptx::globaltimer_ns();
+  for (unsigned spins = 1;; ++spins) {
+    v = ptx::ld_volatile_v4(ptr);
+    if (!vec_has_sentinel(v)) {
+      ptx::st_v4(ptr, sentinel);
+      return v;
+    }
+    if (spins % kStatusPolls == 0 && read_status(mb.state) != 0) break;
+    if (ptx::globaltimer_ns() - start > mb.spin_timeout_ns) {
+      record_failure(mb, mailbox::make_timeout_record(mb.rank, stage, source, row),
+                     "spin timeout: a slot was not published in time (a peer is missing, late or out of order)");
+      break;
+    }
+  }
+  failed = true;
+  return poison_vec();
 }
 
 }  // namespace spark_decode::kernels::mailbox_dev

@@ -45,8 +45,8 @@ struct MailboxGatherArgs {
 
 // Grid (b, ceil(tp * width / 8 / threads)): CTA (i, j) thread t owns the 8
 // columns [8f, 8f + 8) of output row i, f = j * threads + t, which come from
-// source f / (width / 8). It polls them, stores them, and clears its columns
-// of the previous call's rows i, i + b, ...
+// source f / (width / 8). It takes them from the mailbox (poll, then clear)
+// and stores them; if the mailbox failed, the poison (device.cuh).
 __global__ void mailbox_gather_kernel(const MailboxGatherArgs a) {
   SPARK_TRACE_CTA(kGather);
   // The next grid may launch now (device.cuh, ordering 6); ACTIVE comes from
@@ -57,10 +57,8 @@ __global__ void mailbox_gather_kernel(const MailboxGatherArgs a) {
   const MailboxView& mb = a.mailbox;
   const uint32_t active = mailbox_dev::read_active(mb.state);
   SPARK_TRACE_MARK(0, active);  // ACTIVE has arrived
-  if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0) {
-    mailbox_dev::check_published(mb, active);
+  if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0 && mailbox_dev::check_published(mb, active))
     mailbox_dev::advance(mb.state, active, a.b);
-  }
 
   const mailbox::Layout layout = mailbox_dev::layout_of(mb);
   const int vecs = layout.row_vecs();
@@ -69,12 +67,10 @@ __global__ void mailbox_gather_kernel(const MailboxGatherArgs a) {
   if (fragment >= layout.tp * vecs) return;
   const int source = fragment / vecs, col = (fragment % vecs) * mailbox::kVecElems;
   const int stage = mailbox::word_stage(active);
-  uint16_t* const local = mb.local;
-
-  const uint4 v = mailbox_dev::poll_vec(local + layout.offset(stage, source, row, col), mb, stage, source, row);
+  bool failed = false;
+  const uint4 v = mailbox_dev::take_vec(mb.local + layout.offset(stage, source, row, col), mb, stage, source, row,
+                                        failed);
   ptx::st_v4(a.out + int64_t(row) * layout.tp * layout.width + int64_t(fragment) * mailbox::kVecElems, v);
-  mailbox_dev::clear_rows(local, layout, mailbox::clear_stage(stage), source, col, row, gridDim.x,
-                          mailbox::word_rows(active));
 }
 
 }  // namespace spark_decode::kernels

@@ -7,15 +7,22 @@
 //
 // Memory of one rank (docs/design.md, "The Lamport mailbox protocol"):
 //   data   BF16 [kStages][tp sources][capacity rows][width]   (raw uint16 bits)
-//   state  int32 [2] (read and written as uint32):
+//   state  int32 [3] (read and written as uint32):
 //     state[kNextWord]   NEXT   = (next_stage << 16) | rows of the last call.
 //                        Written only by this rank's consumers, read by its
 //                        publishers.
 //     state[kActiveWord] ACTIVE = (active_stage << 16) | rows of the call
 //                        before the active one. Written only by this rank's
 //                        publishers (a copy of NEXT), read by its consumers.
-//   Initially NEXT = ACTIVE = 0 (stage 0, nothing to clear) and every data
-//   element holds the sentinel.
+//                        (The rows are not needed by the protocol; they make
+//                        a state dump name the calls' b.)
+//     state[kStatusWord] STATUS = 0 while the mailbox is healthy, else the
+//                        failure record (below) of a consumer that gave up.
+//                        Written only by failing consumers; polling
+//                        consumers read it now and then and, once it is set,
+//                        stop waiting and poison what they could not read.
+//   Initially NEXT = ACTIVE = STATUS = 0 and every data element holds the
+//   sentinel.
 //
 // Call k with b rows (b the same on every rank) on rank q:
 //   publisher: after griddepcontrol.wait, read NEXT -> stage s. Store rows
@@ -23,28 +30,27 @@
 //     own included, BF16 -0.0 stored as +0.0 (publish_bits). One thread of
 //     the grid writes ACTIVE = NEXT (idempotent, but stores from every CTA to
 //     one word serialise in L2).
-//   consumer: after griddepcontrol.wait, read ACTIVE -> (s, b_prev). Spin on
-//     its own copy's slots [s][*] rows [0, b) until no BF16 lane holds the
-//     sentinel (raw bits). Produce the output. Restore the sentinel in its own
-//     copy for stage clear_stage(s) rows [0, b_prev) of every source. One
-//     thread of the grid writes NEXT = advance_word(s, b).
+//   consumer: after griddepcontrol.wait, read ACTIVE -> stage s. One thread
+//     checks ACTIVE == NEXT (else no publish ran since the last consume: a
+//     failure, kNoPublish) and writes NEXT = advance_word(s, b). Every
+//     thread spins on its elements of its own copy's slots [s][*] rows
+//     [0, b) until no BF16 lane holds the sentinel (raw bits), restores the
+//     sentinel in them at once, and produces the output.
 //
-// Why three stages (the "at most one call ahead" argument):
-//   publisher k+1 of a rank runs after that rank's consumer k has completed
-//   (stream order + griddepcontrol.wait), and consumer k completes only after
-//   every rank's publisher k has stored into it. So while rank r runs consumer
-//   k, a peer q may be publishing call k+1 into r's copy but never call k+2:
-//   that would need q's consumer k+1 to have seen r's publisher k+1, which
-//   runs after r's consumer k. Rank r's copy therefore has at most three live
-//   stages at once: s_k (being read), s_{k+1} (peers may be writing),
-//   s_{k-1} = s_{k+2} (being cleared). Clearing s_{k-1} is safe:
-//     - no write of call k-1 is still on its way into it: consumer k-1 saw
-//       every element of rows [0, b_{k-1}) of every source non-sentinel, and
-//       each element is written exactly once per call;
-//     - the next writer of that stage is a publisher of call k+2, which as
-//       argued starts only after r's consumer k (and its clear) completed.
-// Stage s_k and s_{k+1} are all-sentinel when call k starts: each stage is
-// cleared (rows of its last use) during the call after it was used.
+// Why a consumer may clear what it just read:
+//   every element of a stage is written once per call and read by one
+//   consumer thread, which clears it after seeing it non-sentinel: the
+//   peer's store is then coherence-before the clear. The next store into
+//   that stage of rank r's copy comes from a publisher of call k+3 (stages
+//   rotate mod 3), and even one of call k+2 could not overtake the clear: a
+//   peer q's publisher k+2 runs after q's
+//   consumer k+1, which needs r's publisher k+1, which runs after r's
+//   consumer k has completed (stream order + griddepcontrol.wait): its
+//   clears are performed before anything of call k+2 is stored.
+//   So while r runs consumer k, peers may be writing stage s_{k+1} of its
+//   copy but no other: two stages would do; the third is slack that costs
+//   only memory. And a consume that runs with no publish since the last
+//   one finds nothing but sentinels: it cannot return the last call's rows.
 #pragma once
 
 #include <cstdint>
@@ -68,7 +74,8 @@ inline constexpr uint16_t kSentinel = kBf16NegativeZero;
 inline constexpr uint32_t kSentinelPair = 0x80008000u;
 inline constexpr int kNextWord = 0;
 inline constexpr int kActiveWord = 1;
-inline constexpr int kStateWords = 2;
+inline constexpr int kStatusWord = 2;
+inline constexpr int kStateWords = 3;
 // One 16-byte vector: the unit every kernel moves, polls and clears.
 inline constexpr int kVecElems = 8;
 
@@ -99,8 +106,6 @@ SPARK_MAILBOX_HD int word_stage(uint32_t word) { return int(word >> 16); }
 SPARK_MAILBOX_HD int word_rows(uint32_t word) { return int(word & 0xffffu); }
 
 SPARK_MAILBOX_HD int next_stage(int stage) { return (stage + 1) % kStages; }
-// The stage of the call before the one on `stage`: the one a consumer clears.
-SPARK_MAILBOX_HD int clear_stage(int stage) { return (stage + kStages - 1) % kStages; }
 
 // The NEXT word a consumer of a call on `stage` with `rows` rows leaves.
 SPARK_MAILBOX_HD uint32_t advance_word(int stage, int rows) {
@@ -134,8 +139,8 @@ SPARK_MAILBOX_HD bool vec_has_sentinel(uint32_t a, uint32_t b, uint32_t c, uint3
 
 // ---- the failure record -------------------------------------------------------
 // A consumer that gives up stores one 32-bit word into host-mapped memory
-// before it traps, so the host can name the slot even though the trap has
-// poisoned the CUDA context. One word, so that the host never reads a mix
+// and into STATUS, so the host can name the slot (even after a trap has
+// poisoned the CUDA context) and the other consumers stop waiting. One word, so that the host never reads a mix
 // of two threads' reports: bit 31 valid, bits 28..30 the kind, 24..27 rank,
 // 20..21 stage, 16..19 source, 0..15 row.
 enum RecordKind : uint32_t {

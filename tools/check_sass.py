@@ -4,7 +4,8 @@ before its griddepcontrol.wait: the GEMMs stream weights there (the design's
 rule: weights are loaded before griddepcontrol.wait, activations after;
 docs/design.md, "Engines") and read nothing else; no
 kernel touches mailbox memory or stage words there (no strong load, no store).
-And two orders that a measured speed depends on: x loads ahead of the weight
+That the mailbox kernels use no local memory (NO_LOCAL_LOADS). And two
+orders that a measured speed depends on: x loads ahead of the weight
 copies (X_BEFORE_COPIES), and the fused consumer's two launch points
 (LAUNCH_POINTS).
 
@@ -44,6 +45,15 @@ KERNELS = {
     "22mailbox_publish_kernel": (0, False),
     "21mailbox_gather_kernel": (0, False),
 }
+
+
+# Kernels that may not load from local memory (LDL): taking the address of
+# a kernel parameter (passing the mailbox view by reference to an out-of-line
+# function) makes the compiler copy the whole parameter block to local memory
+# at the kernel's start and read it back from there, which was measured
+# slower on the consumer's critical path. (Stores to local memory remain for
+# printf's arguments on the failure path.)
+NO_LOCAL_LOADS = ("18gather_norm_kernel", "21mailbox_gather_kernel", "22mailbox_publish_kernel")
 
 
 # Kernels whose weight streams are cp.async copies into shared memory
@@ -173,6 +183,10 @@ def main(objects):
                 if (any(frag in fn for frag in X_BEFORE_COPIES) and "sm_90" in cubin
                         and x_after_copies(code, waits[0]) is not None):
                     failures.append(f"{cubin} {fn}: x loads scheduled behind the weight copies of a cp.async group")
+                if any(frag in fn for frag in NO_LOCAL_LOADS):
+                    local = [ins for ins in code if re.search(r"\bLDL\b", ins)]
+                    if local:
+                        failures.append(f"{cubin} {fn}: a local-memory load: {local[0]}")
                 if any(frag in fn for frag in LAUNCH_POINTS):
                     missing = launch_points_missing(code, waits[0])
                     if missing:

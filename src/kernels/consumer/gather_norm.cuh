@@ -87,18 +87,16 @@ __global__ void gather_norm_kernel(const GatherNormArgs a) {
   uint16_t* const local = mb.local;
 
   bool failed = false;
-  const uint4 v0 =
-      mailbox_dev::take_vec(local + layout.offset(stage, source, row, col), mb, stage, source, row, failed);
-  const uint4 v1 =
-      mailbox_dev::take_vec(local + layout.offset(stage, source, row, col + 8), mb, stage, source, row, failed);
-  SPARK_TRACE_MARK(1, v1.w);  // this thread's data has arrived
+  uint4 v[2];
+  mailbox_dev::take_vecs(local + layout.offset(stage, source, row, col), mb, stage, source, row, v, failed);
+  SPARK_TRACE_MARK(1, v[1].w);  // this thread's data has arrived
   if (!a.launch_next_early) ptx::griddep_launch_dependents();
   // Read after inv_rms's __syncthreads.
   if (failed) row_failed = 1;
 
   float x[16], y[16];
-  nvfp4::bf16x8_to_float(v0, x);
-  nvfp4::bf16x8_to_float(v1, x + 8);
+  nvfp4::bf16x8_to_float(v[0], x);
+  nvfp4::bf16x8_to_float(v[1], x + 8);
   const float inv = norm::inv_rms(x, cols, a.eps, warp_sums);
   uint4 normed[2];
   norm::normalize(x, w, inv, a.gain_center, y, normed);

@@ -195,19 +195,25 @@ __device__ __forceinline__ void store_pair_to_all(const MailboxView& mb, int64_t
 // first to give up (a compare-and-swap on STATUS: one report, not one per
 // thread) writes its record to host-mapped memory, from which the host names
 // the failure even after a trap, and prints it; STATUS makes the other
-// consumers stop waiting (take_vec). Then it traps
+// consumers stop waiting (spin_vec). Then it traps
 // (MailboxView::trap_on_failure) or returns, and the caller poisons what it
-// could not compute. Out of line: the hot loops stay small.
-__device__ __noinline__ inline void record_failure(const MailboxView& mb, uint32_t record, const char* what) {
-  uint32_t* const status = reinterpret_cast<uint32_t*>(mb.state) + mailbox::kStatusWord;
+// could not compute. Out of line, and given scalars rather than the view:
+// taking the address of a kernel parameter would make the compiler copy the
+// whole parameter block to local memory at every kernel's start.
+__device__ __noinline__ inline void record_failure(int32_t* state, uint32_t* host_record, int trap, uint32_t record,
+                                                   const char* what) {
+  uint32_t* const status = reinterpret_cast<uint32_t*>(state) + mailbox::kStatusWord;
   if (ptx::cas_relaxed_sys_u32(status, 0u, record) == 0u) {
-    if (mb.timeout_record != nullptr) ptx::st_relaxed_sys_u32(mb.timeout_record, record);
+    if (host_record != nullptr) ptx::st_relaxed_sys_u32(host_record, record);
     ptx::fence_acq_rel_sys();  // the record reaches host memory before a trap
     printf("spark-decode mailbox: rank %d: %s (stage %d, source %d, row %d); %s\n", mailbox::record_rank(record),
            what, mailbox::record_stage(record), mailbox::record_source(record), mailbox::record_row(record),
-           mb.trap_on_failure ? "trapping" : "outputs poisoned, the host's next check raises");
+           trap ? "trapping" : "outputs poisoned, the host's next check raises");
   }
-  if (mb.trap_on_failure) __trap();
+  if (trap) __trap();
+}
+__device__ __forceinline__ void record_failure(const MailboxView& mb, uint32_t record, const char* what) {
+  record_failure(mb.state, mb.timeout_record, mb.trap_on_failure, record, what);
 }
 
 // Consumer: ACTIVE must equal NEXT (the publisher of this call copied NEXT
@@ -232,28 +238,17 @@ inline constexpr uint32_t kPoisonPair = 0xffffffffu;
 __device__ __forceinline__ uint4 poison_vec() { return make_uint4(kPoisonPair, kPoisonPair, kPoisonPair, kPoisonPair); }
 
 // Spins on the 16-byte vector at `ptr` (in this rank's own copy) until no
-// BF16 lane holds the sentinel, restores the sentinel there (protocol.h: the
-// reader clears what it read) and returns the vector. Gives up when STATUS
-// shows another consumer failed (read every kStatusPolls spins: one more L2
-// load per spin would slow the common wait) or after mb.spin_timeout_ns
+// BF16 lane holds the sentinel and returns it. Gives up when STATUS shows
+// another consumer failed (read every kStatusPolls spins: one more L2 load
+// per spin would slow the common wait) or after mb.spin_timeout_ns
 // (record_failure): then sets `failed` and returns poison_vec().
 inline constexpr unsigned kStatusPolls = 256;
-__device__ __forceinline__ uint4 take_vec(uint16_t* ptr, const MailboxView& mb, int stage, int source, int row,
-                                          bool& failed) {
-  const uint4 sentinel = make_uint4(mailbox::kSentinelPair, mailbox::kSentinelPair, mailbox::kSentinelPair,
-                                    mailbox::kSentinelPair);
-  uint4 v = ptx::ld_volatile_v4(ptr);
-  if (!vec_has_sentinel(v)) {
-    ptx::st_v4(ptr, sentinel);
-    return v;
-  }
+__device__ __forceinline__ uint4 spin_vec(const uint16_t* ptr, const MailboxView& mb, int stage, int source,
+                                          int row, bool& failed) {
   const uint64_t start = ptx::globaltimer_ns();
   for (unsigned spins = 1;; ++spins) {
-    v = ptx::ld_volatile_v4(ptr);
-    if (!vec_has_sentinel(v)) {
-      ptx::st_v4(ptr, sentinel);
-      return v;
-    }
+    const uint4 v = ptx::ld_volatile_v4(ptr);
+    if (!vec_has_sentinel(v)) return v;
     if (spins % kStatusPolls == 0 && read_status(mb.state) != 0) break;
     if (ptx::globaltimer_ns() - start > mb.spin_timeout_ns) {
       record_failure(mb, mailbox::make_timeout_record(mb.rank, stage, source, row),
@@ -263,6 +258,27 @@ __device__ __forceinline__ uint4 take_vec(uint16_t* ptr, const MailboxView& mb, 
   }
   failed = true;
   return poison_vec();
+}
+
+// Consumer: takes the N 16-byte vectors at `ptr` + 8i (this rank's own copy,
+// one slot row): loads them all at once (their L2 round trips overlap),
+// spins on any that still holds the sentinel (spin_vec), then restores the
+// sentinel in every one it read (protocol.h: the reader clears what it
+// read). The clears come after every load: a store into the sector a later
+// load of the same thread reads would wait in front of that load.
+template <int N>
+__device__ __forceinline__ void take_vecs(uint16_t* ptr, const MailboxView& mb, int stage, int source, int row,
+                                          uint4 (&v)[N], bool& failed) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) v[i] = ptx::ld_volatile_v4(ptr + i * mailbox::kVecElems);
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+    if (vec_has_sentinel(v[i])) v[i] = spin_vec(ptr + i * mailbox::kVecElems, mb, stage, source, row, failed);
+  if (failed) return;
+  const uint4 sentinel = make_uint4(mailbox::kSentinelPair, mailbox::kSentinelPair, mailbox::kSentinelPair,
+                                    mailbox::kSentinelPair);
+#pragma unroll
+  for (int i = 0; i < N; ++i) ptx::st_v4(ptr + i * mailbox::kVecElems, sentinel);
 }
 
 }  // namespace spark_decode::kernels::mailbox_dev

@@ -68,9 +68,9 @@ __global__ void mailbox_gather_kernel(const MailboxGatherArgs a) {
   const int source = fragment / vecs, col = (fragment % vecs) * mailbox::kVecElems;
   const int stage = mailbox::word_stage(active);
   bool failed = false;
-  const uint4 v = mailbox_dev::take_vec(mb.local + layout.offset(stage, source, row, col), mb, stage, source, row,
-                                        failed);
-  ptx::st_v4(a.out + int64_t(row) * layout.tp * layout.width + int64_t(fragment) * mailbox::kVecElems, v);
+  uint4 v[1];
+  mailbox_dev::take_vecs(mb.local + layout.offset(stage, source, row, col), mb, stage, source, row, v, failed);
+  ptx::st_v4(a.out + int64_t(row) * layout.tp * layout.width + int64_t(fragment) * mailbox::kVecElems, v[0]);
 }
 
 }  // namespace spark_decode::kernels

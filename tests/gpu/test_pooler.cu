@@ -12,10 +12,12 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <random>
 
 #include "pooler_test_util.h"
 #include "spark_decode/expert_norm.h"
@@ -241,6 +243,150 @@ void pooler_steps(sd::Group& group, int device, int pooled, int steps, const std
   pooler.barrier();
 }
 
+// Counts the 16-byte pieces of call i's output slot that differ from its
+// expected image; the lowest failing call goes to first_bad.
+__global__ void soak_compare_kernel(const uint8_t* got, const uint8_t* expected, const int* image_of_call, size_t slot,
+                                    unsigned long long* bad, int* first_bad) {
+  const uint4* o = reinterpret_cast<const uint4*>(got + blockIdx.x * slot);
+  const uint4* e = reinterpret_cast<const uint4*>(expected + image_of_call[blockIdx.x] * slot);
+  for (size_t i = threadIdx.x; i < slot / 16; i += blockDim.x) {
+    const uint4 x = o[i], y = e[i];
+    if (x.x != y.x || x.y != y.y || x.z != y.z || x.w != y.w) {
+      atomicAdd(bad, 1ull);
+      atomicMin(first_bad, int(blockIdx.x));
+    }
+  }
+}
+
+// The soak: `calls` Pooler::run calls at the model's shape with a random
+// layer and b (the same sequence on every rank), eagerly, in chunks of
+// kChunk calls between synchronisations (no barriers: the protocol alone
+// keeps the ranks in step), each into its own output slot prefilled with
+// 0xee. Every slot must equal, byte for byte, its (layer, b) image built on
+// the host from the layer's output at b = capacity: its first b rows (batch
+// invariance; pooler_steps checks outputs against the stock path), the
+// swizzled scales' zero padding, and 0xee everywhere else. Prints the
+// number of calls checked.
+void pooler_soak(sd::Group& group, int device, int calls, uint64_t seed) {
+  const int tp = group.size(), rank = group.rank(), H = sd::kMuseSpark.hidden, L = 6, pooled = sd::kMuseSpark.pooled;
+  const int shard = pooled / tp, cap = sd::kMaxBatch, kChunk = 500;
+  DeviceBuffer w(size_t(L) * shard * H * 2), nw(size_t(L) * pooled * 2), gs(size_t(L) * 4), x(size_t(L) * cap * H * 2);
+  std::vector<sd::PoolerLayer> layers(L);
+  std::vector<float> scales(L);
+  for (int l = 0; l < L; ++l) {
+    const auto full = normal_bf16(size_t(pooled) * H, seed + 100 * l, 0.02f);
+    CUDA_CHECK(cudaMemcpy(w.as<uint16_t>() + size_t(l) * shard * H, full.data() + size_t(rank) * shard * H,
+                          size_t(shard) * H * 2, cudaMemcpyHostToDevice));
+    const auto n = normal_bf16(pooled, seed + 100 * l + 1, 0.2f);
+    CUDA_CHECK(cudaMemcpy(nw.as<uint16_t>() + size_t(l) * pooled, n.data(), pooled * 2, cudaMemcpyHostToDevice));
+    const auto xs = normal_bf16(size_t(cap) * H, seed + 100 * l + 2);
+    CUDA_CHECK(cudaMemcpy(x.as<uint16_t>() + size_t(l) * cap * H, xs.data(), xs.size() * 2, cudaMemcpyHostToDevice));
+    scales[l] = std::ldexp(1.0f, l % 5);
+    layers[l].weight = sd::TensorRef::contiguous(w.as<uint16_t>() + size_t(l) * shard * H, sd::DType::bf16,
+                                                 {shard, H}, device);
+    layers[l].norm_weight = sd::TensorRef::contiguous(nw.as<uint16_t>() + size_t(l) * pooled, sd::DType::bf16,
+                                                      {pooled}, device);
+    layers[l].eps = 1e-5f;
+    layers[l].gain_center = 1.0f;
+    if (l % 3 != 0) layers[l].global_scale = sd::TensorRef::contiguous(gs.as<float>() + l, sd::DType::f32, {1}, device);
+    layers[l].format = l % 3 == 0 ? sd::OutputFormat::bf16 : l % 3 == 1 ? sd::OutputFormat::nvfp4
+                                                                        : sd::OutputFormat::nvfp4_swizzled;
+  }
+  gs.upload(scales.data(), L * 4);
+  std::vector<int> batches(cap);
+  for (int b = 1; b <= cap; ++b) batches[b - 1] = b;
+  sd::Pooler pooler(group, tp, rank, device, layers, batches, cap, true, sd::PoolerOptions{});
+  TestStream stream;
+  pooler.warm_up(stream);
+  // One slot per call: the largest output of any format at b = cap (the
+  // scales after the codes).
+  const size_t codes_bytes = size_t(cap) * pooled / 2;
+  const size_t slot = std::max(size_t(cap) * pooled * 2,
+                               codes_bytes + size_t(sd::nvfp4_scale_rows(cap, sd::ScaleLayout::swizzled)) * pooled / 16);
+  DeviceBuffer out(size_t(kChunk) * slot);
+  auto output_in = [&](uint8_t* base, int l, int b) {
+    const sd::PoolerOutputSpec spec = sd::pooler_output_spec(sd::format_of(layers[l]), b, pooled);
+    sd::PoolerOutput o;
+    o.format = sd::format_of(layers[l]);
+    if (o.format == sd::OutputFormat::bf16) {
+      o.normed = spec.normed;
+      o.normed.data = base;
+      o.normed.device = device;
+    } else {
+      o.a = spec.a;
+      o.a.data = base;
+      o.a.device = device;
+      o.a_sf = spec.a_sf;
+      o.a_sf.data = base + codes_bytes;
+      o.a_sf.device = device;
+    }
+    return o;
+  };
+  auto x_of = [&](int l, int b) {
+    return sd::TensorRef::contiguous(x.as<uint16_t>() + size_t(l) * cap * H, sd::DType::bf16, {b, H}, device);
+  };
+  // Every layer at b = cap, then the image of every (layer, b).
+  CUDA_CHECK(cudaMemsetAsync(out.get(), 0xee, out.bytes(), stream));
+  for (int l = 0; l < L; ++l) pooler.run(l, x_of(l, cap), output_in(out.as<uint8_t>() + l * slot, l, cap), stream);
+  pooler.mailbox().synchronize(stream);
+  const auto ref = download<uint8_t>(out.get(), size_t(L) * slot);
+  std::vector<uint8_t> images(size_t(L) * cap * slot, 0xee);
+  for (int l = 0; l < L; ++l)
+    for (int b = 1; b <= cap; ++b) {
+      uint8_t* img = images.data() + (size_t(l) * cap + b - 1) * slot;
+      const uint8_t* r = ref.data() + size_t(l) * slot;
+      const sd::OutputFormat f = sd::format_of(layers[l]);
+      if (f == sd::OutputFormat::bf16) {
+        std::memcpy(img, r, size_t(b) * pooled * 2);
+        continue;
+      }
+      std::memcpy(img, r, size_t(b) * pooled / 2);
+      const sd::ScaleLayout sl = f == sd::OutputFormat::nvfp4_swizzled ? sd::ScaleLayout::swizzled : sd::ScaleLayout::linear;
+      for (int row = 0; row < sd::nvfp4_scale_rows(b, sl); ++row)
+        for (int c = 0; c < pooled / 16; ++c) {
+          const size_t at = codes_bytes + sd::nvfp4_scale_offset(row, c, pooled, sl);
+          img[at] = row < b ? r[at] : 0;
+        }
+    }
+  DeviceBuffer d_images(images.size()), which(size_t(kChunk) * 4), bad(8), first_bad(4);
+  d_images.upload(images.data(), images.size());
+
+  std::mt19937_64 g(seed + 17);  // the same sequence on every rank
+  int64_t checked = 0;
+  for (int done = 0; done < calls; done += kChunk) {
+    const int n = std::min(kChunk, calls - done);
+    std::vector<std::pair<int, int>> lb(n);
+    std::vector<int> image_of_call(n);
+    for (int i = 0; i < n; ++i) {
+      lb[i] = {int(g() % L), 1 + int(g() % cap)};
+      image_of_call[i] = lb[i].first * cap + lb[i].second - 1;
+    }
+    CUDA_CHECK(cudaMemsetAsync(out.get(), 0xee, out.bytes(), stream));
+    for (int i = 0; i < n; ++i)
+      pooler.run(lb[i].first, x_of(lb[i].first, lb[i].second),
+                 output_in(out.as<uint8_t>() + i * slot, lb[i].first, lb[i].second), stream);
+    pooler.mailbox().synchronize(stream);
+    which.upload(image_of_call.data(), size_t(n) * 4);
+    const unsigned long long zero = 0;
+    const int none = n;
+    bad.upload(&zero, 8);
+    first_bad.upload(&none, 4);
+    soak_compare_kernel<<<n, 256, 0, stream>>>(out.as<uint8_t>(), d_images.as<uint8_t>(), which.as<int>(), slot,
+                                               bad.as<unsigned long long>(), first_bad.as<int>());
+    CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    const unsigned long long mismatches = download<unsigned long long>(bad.get(), 1)[0];
+    const int first = download<int>(first_bad.get(), 1)[0];
+    POOLER_REQUIRE(mismatches == 0, "soak call ", done + first, " (layer ", lb[first].first, ", b ", lb[first].second,
+                   "): ", mismatches, " 16-byte pieces of this chunk differ from their images");
+    checked += n;
+  }
+  if (rank == 0)
+    std::printf("pooler soak: %lld calls at tp %d (random layer of %d, b in 1..%d) checked\n",
+                static_cast<long long>(checked), tp, L, cap);
+  pooler.barrier();
+}
+
 void run(int tp, int devices, int pooled, int steps, std::vector<int> batches,
          std::optional<sd::PoolerGemmChoice> gemm = std::nullopt, bool pdl = true) {
   const uint64_t seed = test_seed("pooler");
@@ -292,6 +438,14 @@ TEST(Pooler, RanksSharingOneGpuModelShapeEveryEngine) {
   for (const auto& c : sd::pooler_gemm_candidates())
     if (!sd::pooler_choice_unsupported(sd::kMuseSpark.pooled / 2, sd::kMuseSpark.hidden, 1, c))
       run(2, 1, sd::kMuseSpark.pooled, 3, {1, 16}, c);
+}
+
+// 100,000 calls at tp 2 with the two ranks sharing the one GPU.
+TEST(Pooler, SoakHundredThousandCallsTp2OnOneGpu) {
+  SKIP_WITHOUT_GPU(1);
+  const uint64_t seed = test_seed("pooler soak");
+  for (const auto& f : run_on_gpus(2, [&](sd::Group& g, int d) { pooler_soak(g, d, 100000, seed); }, 1))
+    ADD_FAILURE() << f;
 }
 
 TEST(Pooler, SixtyTwoLayersSmallShapeTwoGpus) {

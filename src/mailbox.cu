@@ -152,6 +152,8 @@ void LamportMailbox::publish(const void* src, int b, cudaStream_t stream, const 
   SPARK_CHECK(b >= 1 && b <= capacity_, "mailbox publish: b = ", b, " outside [1, ", capacity_,
               "] (the mailbox capacity)");
   detail::require_aligned(src, 16, "mailbox publish: src must be a non-null 16-byte aligned device pointer");
+  detail::require_disjoint(src, size_t(b) * width_ * 2, memory_->local(), memory_->bytes(),
+                           "mailbox publish: src may not overlap the mailbox");
   check_threads(options.threads, "mailbox publish");
   detail::require_current_device(device_, "the mailbox");
   detail::launch_mailbox_publish(view_, src, b, options.threads, options.enable_pdl && !shares_device_, stream);

@@ -110,6 +110,7 @@ void ExpertNorm::run(const void* x, void* y, int rows, cudaStream_t stream) cons
               "pre_expert_norm: x and y must be non-null 16-byte aligned device pointers");
   const size_t bytes = size_t(rows) * cols_ * 2;
   SPARK_CHECK(disjoint(x, bytes, y, bytes), "pre_expert_norm: y may not overlap x");
+  SPARK_CHECK(disjoint(y, bytes, weight_, size_t(cols_) * 2), "pre_expert_norm: y may not overlap the norm weight");
   detail::require_current_device(device_, "pre_expert_norm");
   detail::launch_expert_norm(x, weight_, y, rows, cols_, eps_, gain_center_, enable_pdl_, stream);
 }
@@ -137,6 +138,8 @@ void nvfp4_quantize(const void* y, const float* global_scale, void* a, void* a_s
   SPARK_CHECK(disjoint(y, y_bytes, a, a_bytes) && disjoint(y, y_bytes, a_sf, sf_bytes) &&
                   disjoint(a, a_bytes, a_sf, sf_bytes),
               "nvfp4_quantize: y, a and a_sf may not overlap");
+  SPARK_CHECK(disjoint(a, a_bytes, global_scale, 4) && disjoint(a_sf, sf_bytes, global_scale, 4),
+              "nvfp4_quantize: a and a_sf may not overlap the global scale");
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   detail::require_sm90(device, "nvfp4_quantize");

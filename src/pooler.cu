@@ -84,9 +84,14 @@ void gather_norm(LamportMailbox& mb, const void* norm_weight, const float* globa
     outputs.push_back({out.a.data, size_t(b) * cols / 2});
     outputs.push_back({out.a_sf.data, size_t(spec.a_sf.numel())});
   }
-  for (const auto& [p, bytes] : outputs)
+  for (const auto& [p, bytes] : outputs) {
     detail::require_disjoint(p, bytes, mb.memory().local(), mb.memory().bytes(),
                              "gather_norm: outputs may not overlap the mailbox");
+    detail::require_disjoint(p, bytes, norm_weight, size_t(cols) * 2,
+                             "gather_norm: outputs may not overlap the norm weight");
+    if (out.format != OutputFormat::bf16)
+      detail::require_disjoint(p, bytes, global_scale, 4, "gather_norm: outputs may not overlap the global scale");
+  }
   if (outputs.size() == 2)
     detail::require_disjoint(outputs[0].first, outputs[0].second, outputs[1].first, outputs[1].second,
                              "gather_norm: a and a_sf may not overlap");

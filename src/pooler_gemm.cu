@@ -108,6 +108,14 @@ void PoolerGemm::launch(const void* x, void* out, int m, bool publish, cudaStrea
 
 void PoolerGemm::check_operands(const void* x, void* out, int m) const {
   check_gemm_operands(weight_, x, out, n_, k_, m);
+  const size_t out_bytes = size_t(m) * n_ * 2;
+  detail::require_disjoint(out, out_bytes, weight_, size_t(n_) * k_ * 2, "pooler GEMM: out may not overlap W");
+  if (mailbox_) {
+    const void* mb = mailbox_->memory().local();
+    const size_t mb_bytes = mailbox_->memory().bytes();
+    detail::require_disjoint(out, out_bytes, mb, mb_bytes, "pooler GEMM: out may not overlap the mailbox");
+    detail::require_disjoint(x, size_t(m) * k_ * 2, mb, mb_bytes, "pooler GEMM: x may not overlap the mailbox");
+  }
 }
 
 void PoolerGemm::check_run(const void* x, void* out, int m) const {

@@ -88,7 +88,16 @@ bool Unpooler::prepared(int tile, int row_tiles) const {
 void Unpooler::run(const void* x, void* out, int m, cudaStream_t stream) {
   SPARK_CHECK(m >= 1 && m <= max_m_, "x [", m, ", ", k_, "]: needs [1..", max_m_, ", ", k_, "]");
   SPARK_CHECK(detail::aligned(x, 16) && detail::aligned(out, 16), "x and out must be non-null 16-byte aligned BF16");
-  detail::require_disjoint(out, size_t(m) * n_ * 2, x, size_t(m) * k_ * 2, "out may not overlap x");
+  const size_t out_bytes = size_t(m) * n_ * 2, x_bytes = size_t(m) * k_ * 2;
+  detail::require_disjoint(out, out_bytes, x, x_bytes, "out may not overlap x");
+  detail::require_disjoint(out, out_bytes, weight_, size_t(n_) * k_ * 2, "out may not overlap the weight");
+  if (mailbox_) {
+    const void* mb = mailbox_->memory().local();
+    const size_t mb_bytes = mailbox_->memory().bytes();
+    detail::require_disjoint(out, out_bytes, mb, mb_bytes, "out may not overlap the mailbox");
+    detail::require_disjoint(x, x_bytes, mb, mb_bytes, "x may not overlap the mailbox");
+  }
+  if (ticket_) detail::require_disjoint(out, out_bytes, ticket_, sizeof(int32_t), "out may not overlap the ticket");
   const int tile = tactic_.token_tile[m - 1], row_tiles = tactic_.row_tiles[m - 1];
   if (!engine_->prepared(tile, row_tiles)) {
     SPARK_CHECK(!detail::is_capturing(stream), "the kernel for m=", m, " (token tile ", tile, ", ", row_tiles,

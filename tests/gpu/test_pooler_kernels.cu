@@ -123,6 +123,12 @@ TEST(PoolerNvfp4, RefusesBadArguments) {
   EXPECT_THROW(sd::nvfp4_quantize(y.as<char>() + 2, gs.as<float>(), a.get(), sf.get(), 1, 32, nullptr),
                sd::InvalidArgument);
   EXPECT_THROW(sd::nvfp4_quantize(y.get(), gs.as<float>(), y.get(), sf.get(), 1, 64, nullptr), sd::InvalidArgument);
+  try {
+    sd::nvfp4_quantize(y.get(), sf.as<float>(), a.get(), sf.get(), 1, 64, nullptr);
+    ADD_FAILURE() << "a_sf over the global scale accepted";
+  } catch (const sd::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("may not overlap the global scale"), std::string::npos) << e.what();
+  }
 }
 
 TEST(PoolerExpertNorm, WithinOneBf16UlpOfTheCpuReference) {
@@ -187,6 +193,12 @@ TEST(PoolerExpertNorm, RefusesBadArguments) {
   EXPECT_THROW(norm.run(x.get(), x.get(), 1, nullptr), sd::InvalidArgument);  // y overlaps x
   EXPECT_THROW(norm.run(x.as<char>() + 2, y.get(), 1, nullptr), sd::InvalidArgument);
   EXPECT_THROW(norm.run(x.get(), y.get(), 0, nullptr), sd::InvalidArgument);
+  try {
+    norm.run(x.get(), w.get(), 1, nullptr);
+    ADD_FAILURE() << "y over the norm weight accepted";
+  } catch (const sd::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("y may not overlap the norm weight"), std::string::npos) << e.what();
+  }
 }
 
 namespace {

@@ -478,11 +478,21 @@ TEST(UnpoolerGpu, RunValidatesAndLaunchesNothingOnBadInput) {
   EXPECT_THROW(u.run(x, over_x, nullptr), sd::InvalidArgument);
   EXPECT_THROW(u.run(p.x.get(), p.x.get(), 1, nullptr), sd::InvalidArgument);
   EXPECT_THROW(u.run(p.x.get(), static_cast<char*>(p.x.get()) + 16, 1, nullptr), sd::InvalidArgument);
+  // out over the weight: refused by name, the weight intact (below).
+  try {
+    u.run(p.x.get(), static_cast<char*>(p.w.get()) + 256, 2, nullptr);
+    ADD_FAILURE() << "out over the weight accepted";
+  } catch (const sd::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("out may not overlap the weight"), std::string::npos) << e.what();
+  }
   CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<uint16_t> h(static_cast<size_t>(sd::kMaxBatch) * n);
   p.out.download(h.data(), h.size() * 2);
   EXPECT_EQ(std::count(h.begin(), h.end(), kPoisonBf16), static_cast<long>(h.size()))
       << "a refused call wrote output";
+  std::vector<uint16_t> hw(p.hw.size());
+  p.w.download(hw.data(), hw.size() * 2);
+  EXPECT_EQ(hw, p.hw) << "a refused call wrote the weight";
 
   // The tile of m = 9 was not prepared: refused under capture...
   cudaStream_t stream;

@@ -91,5 +91,25 @@ TEST(UnpoolerPublish, RefusesBadMailboxesAndTickets) {
     EXPECT_EQ(u.max_m(), 4);
     GuardedBuffer x(size_t(16) * 256 * 2), out(size_t(16) * 64 * 2);
     EXPECT_THROW(u.run(x.get(), out.get(), 5, nullptr), sd::InvalidArgument);
+    // out or x inside the mailbox, out over the weight: refused by name.
+    auto reason_of = [&](const void* xp, void* op) {
+      try {
+        u.run(xp, op, 1, nullptr);
+      } catch (const sd::InvalidArgument& e) {
+        return std::string(e.what());
+      }
+      return std::string("accepted");
+    };
+    void* inside = static_cast<char*>(small.memory().local()) + small.memory().bytes() / 2 / 16 * 16;
+    EXPECT_NE(reason_of(x.get(), inside).find("out may not overlap the mailbox"), std::string::npos);
+    EXPECT_NE(reason_of(inside, out.get()).find("x may not overlap the mailbox"), std::string::npos);
+    EXPECT_NE(reason_of(x.get(), w.get()).find("out may not overlap the weight"), std::string::npos);
+    // The mailbox's own publish: src inside the mailbox.
+    try {
+      small.publish(inside, 1, nullptr);
+      ADD_FAILURE() << "publish from inside the mailbox accepted";
+    } catch (const sd::InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("src may not overlap the mailbox"), std::string::npos) << e.what();
+    }
   }));
 }

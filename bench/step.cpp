@@ -67,8 +67,19 @@ struct PathBuffers {
       : H(H_), P(P_), tp(tp_),
         ping0(size_t(2) * kCap * H), ping1(size_t(2) * kCap * H), shard(size_t(2) * kCap * P / tp),
         rows(size_t(2) * kCap * P), normed(size_t(2) * kCap * P), a(size_t(kCap) * P / 2),
-        a_sf(size_t(nvfp4_scale_rows(kCap, ScaleLayout::swizzled)) * nvfp4_scale_cols(P, ScaleLayout::swizzled)),
+        a_sf(a_sf_bytes(P_)),
         m(size_t(2) * kCap * P), y(size_t(2) * kCap * H / tp), g(size_t(2) * kCap * H) {}
+  void clear(cudaStream_t stream) const {
+    const size_t hidden = size_t(2) * kCap * H, pooled = size_t(2) * kCap * P;
+    const std::pair<const DeviceMemory*, size_t> all[] = {
+        {&ping0, hidden}, {&ping1, hidden}, {&shard, pooled / tp}, {&rows, pooled}, {&normed, pooled},
+        {&a, pooled / 4}, {&a_sf, a_sf_bytes()}, {&m, pooled}, {&y, hidden / tp}, {&g, hidden}};
+    for (const auto& [d, bytes] : all) CUDA_CHECK(cudaMemsetAsync(d->get(), 0, bytes, stream));
+  }
+  static size_t a_sf_bytes(int P) {
+    return size_t(nvfp4_scale_rows(kCap, ScaleLayout::swizzled)) * nvfp4_scale_cols(P, ScaleLayout::swizzled);
+  }
+  size_t a_sf_bytes() const { return a_sf_bytes(P); }
   void* out_of(int l) const { return l % 2 ? ping1.get() : ping0.get(); }
   const void* x_of(int l, const void* x0) const { return l == 0 ? x0 : out_of(l - 1); }
   // The consumer's outputs in `format` at b (the Pooler checks every shape).
@@ -246,9 +257,7 @@ void rank_main(Group& group, const StepOptions& o, Shared& shared) {
     }
   }
   PathBuffers fast(H, P, tp), ref(H, P, tp), stock(H, P, tp);
-  for (PathBuffers* s : {&fast, &ref, &stock})
-    for (const DeviceMemory* d : {&s->normed, &s->a, &s->a_sf, &s->m, &s->y, &s->g})
-      CUDA_CHECK(cudaMemsetAsync(d->get(), 0, 16, stream));  // the stand-ins' warm run reads zeros
+  for (PathBuffers* s : {&fast, &ref, &stock}) s->clear(stream);  // the stand-ins' warm run reads them
   // The stand-ins once each, before any rank spins (standins::load).
   standins::experts(fast.expert_input(OutputFormat::bf16, nullptr), fast.m.get(), 1, P, false, false, stream);
   standins::residual(x0.get(), fast.g.get(), fast.ping0.get(), 1, H, false, false, stream);
@@ -306,10 +315,15 @@ void rank_main(Group& group, const StepOptions& o, Shared& shared) {
     standins::experts(s.expert_input(f, scale_of(l)), s.m.get(), b, P, with_pdl, early, stream);
     standins::residual(s.x_of(l, x0.get()), s.g.get(), s.out_of(l), b, H, with_pdl, early, stream);
   };
+  // One graph of the whole step, uploaded now: its first launch then
+  // prepares nothing while a peer sharing the GPU may spin.
   auto whole_step = [&](auto&& layer, int b) {
-    return capture_graph(stream, 1, [&] {
+    cudaGraphExec_t exec = capture_graph(stream, 1, [&] {
       for (int l = 0; l < L; ++l) layer(l, b);
     });
+    CUDA_CHECK(cudaGraphUpload(exec, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    return exec;
   };
 
   for (int b : o.bs) {

@@ -94,7 +94,7 @@ int run_step(sd::bench::StepOptions o, const std::string& out_dir, bool json, co
   const sd::bench::StepResult r = sd::bench::run_step(o);
   std::filesystem::create_directories(out_dir);
   const std::string path = sd::bench::write_step(r, out_dir);
-  const std::string plot = sd::tool::plot_step(path, progress);
+  const std::string plot = r.timed ? sd::tool::plot_step(path, progress) : "; no plot: nothing was timed";
   if (into) {
     (*into)["step"] = nlohmann::json::parse(sd::bench::step_json(r));
   } else if (json) {

@@ -14,7 +14,7 @@ std::string plot_step(const std::string& json_path, const std::function<void(con
     return "; no plot: python3 with matplotlib not found (pip install matplotlib, then " + again + ")";
   const std::string png = json_path.substr(0, json_path.size() - 5) + ".png";
   if (progress) progress("plotting " + png);
-  const std::string cmd = "python3 '" + script + "' '" + json_path + "' '" + png + "' >/dev/null";
+  const std::string cmd = "python3 '" + script + "' '" + json_path + "' -o '" + png + "' >/dev/null";
   if (std::system(cmd.c_str()) != 0) return "; the plot failed: " + again;
   return ", " + png;
 }

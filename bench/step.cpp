@@ -52,6 +52,8 @@ class Stream {
  public:
   Stream() { CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
   ~Stream() { cudaStreamDestroy(s_); }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
   operator cudaStream_t() const { return s_; }
 
  private:

@@ -50,6 +50,8 @@ class Stream {
  public:
   Stream() { CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
   ~Stream() { cudaStreamDestroy(s_); }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
   operator cudaStream_t() const { return s_; }
 
  private:
@@ -95,7 +97,6 @@ void register_checks(Tally& tally, int tp) {
     c.note = note;
     tally.add(c);
   };
-  const std::string per_rank = " per rank";
   add(kUnpoolerGemm, "[b, " + std::to_string(P) + "] x " + dims(H / tp, P) + "^T", "FP64 CPU reference",
       Rule::gemm_bound);
   add(kPoolerGemm, "[b, " + std::to_string(H) + "] x " + dims(P / tp, H) + "^T", "FP64 CPU reference",
@@ -305,7 +306,7 @@ struct Outputs {
   }
 };
 
-void check_pooler(Rank& r, Pooler& pooler, const std::vector<ExpertNorm>& norms, const float* scales,
+void check_pooler(Rank& r, Pooler& pooler, const std::vector<ExpertNorm>& norms, const float* scales, bool pdl,
                   bench::StockExchange& exchange, const MailboxBuffers& bufs, const Outputs& ours, const Outputs& stock,
                   const DeviceMemory& dx) {
   const int P = pooler.pooled(), H = pooler.hidden(), sp = pooler.shard_width();
@@ -321,7 +322,7 @@ void check_pooler(Rank& r, Pooler& pooler, const std::vector<ExpertNorm>& norms,
       stock.poison_all(r.stream);
       norms[l].run(full, stock.normed.get(), b, r.stream);
       if (f != OutputFormat::bf16)
-        nvfp4_quantize(stock.normed.get(), scales + l, stock.a.get(), stock.a_sf.get(), b, P, r.stream, true,
+        nvfp4_quantize(stock.normed.get(), scales + l, stock.a.get(), stock.a_sf.get(), b, P, r.stream, pdl,
                        f == OutputFormat::nvfp4 ? ScaleLayout::linear : ScaleLayout::swizzled);
       std::vector<uint8_t> want = stock.download(f, b, r.stream);
       if (r.o.corrupt_reference && r.rank == 0 && f == OutputFormat::nvfp4 && !corrupted) {
@@ -384,6 +385,9 @@ void rank_main(Group& group, const VerifyOptions& o, uint64_t seed, Tally& tally
   pc.batches = {std::begin(kBatches), std::end(kBatches)};
   pc.options.spin_timeout_s = spin_timeout;
   Pooler pooler(group, pc);
+  // The stock kernels as the mailbox's own where ranks share a GPU: without
+  // PDL (mailbox.h, shares_device).
+  const bool pdl = !pooler.mailbox().shares_device();
   const TensorRef nw_view = TensorRef::contiguous(dnw.get(), DType::bf16, {P}, device);
   std::vector<ExpertNorm> norms;
   for (int l = 0; l < 3; ++l) {
@@ -396,7 +400,7 @@ void rank_main(Group& group, const VerifyOptions& o, uint64_t seed, Tally& tally
     if (kFormats[l] != OutputFormat::bf16)
       layer.global_scale = TensorRef::contiguous(scales.as<float>() + l, DType::f32, {1}, device);
     pooler.attach(l, layer);
-    norms.emplace_back(nw_view, kEps, kGainCenter);
+    norms.emplace_back(nw_view, kEps, kGainCenter, pdl);
   }
   LamportMailbox::Options mo;
   mo.spin_timeout_s = spin_timeout;
@@ -413,7 +417,7 @@ void rank_main(Group& group, const VerifyOptions& o, uint64_t seed, Tally& tally
   pooler.warm_up(r.stream);
   mb_pooled.warm_up(r.stream);
   mb_hidden.warm_up(r.stream);
-  if (r.rank == 0) shares = pooler.mailbox().shares_device();
+  if (r.rank == 0) shares = !pdl;
 
   // ---- one rank at a time on its own data: no mailbox ----
   r.say("the GEMMs against the FP64 CPU reference");
@@ -431,7 +435,7 @@ void rank_main(Group& group, const VerifyOptions& o, uint64_t seed, Tally& tally
   check_mailbox(r, mb_pooled, bufs, call);
   check_mailbox(r, mb_hidden, bufs, call);
   check_zero_copy(r, zero_copy, plain, mb_hidden, bufs, dm);
-  check_pooler(r, pooler, norms, scales.as<float>(), exchange, bufs, ours, stock, dx);
+  check_pooler(r, pooler, norms, scales.as<float>(), pdl, exchange, bufs, ours, stock, dx);
   CUDA_CHECK(cudaStreamSynchronize(r.stream));
   group.barrier();
   pooler.barrier();

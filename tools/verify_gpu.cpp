@@ -82,7 +82,7 @@ Check part(const std::string& name, int64_t elements, int64_t mismatches) {
   return c;
 }
 
-std::string dims(int64_t a, int64_t b) { return "[" + std::to_string(a) + ", " + std::to_string(b) + "]"; }
+std::string dims(int64_t a, int64_t b) { return detail::concat("[", a, ", ", b, "]"); }
 
 // The table's rows in order, before any rank adds to them.
 void register_checks(Tally& tally, int tp) {

@@ -27,7 +27,7 @@ __global__ void read_kernel(const uint4* __restrict__ p, size_t n, uint32_t* sin
   if (acc == 0x9e3779b9u) *sink = acc;  // practically never; keeps acc alive
 }
 
-__global__ void fill_kernel(__nv_bfloat16* p, size_t n, uint64_t seed) {
+__global__ void fill_kernel(__nv_bfloat16* p, size_t n, uint64_t seed, float scale) {
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
     // Two rounds of a 64-bit mix, then Box-Muller from two 24-bit uniforms.
     uint64_t z = seed + i * 0x9e3779b97f4a7c15ull;
@@ -36,7 +36,7 @@ __global__ void fill_kernel(__nv_bfloat16* p, size_t n, uint64_t seed) {
     z ^= z >> 31;
     const float u1 = ((z >> 40) + 1) * (1.0f / 16777217.0f);
     const float u2 = ((z >> 16) & 0xffffff) * (1.0f / 16777216.0f);
-    p[i] = __float2bfloat16_rn(sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2));
+    p[i] = __float2bfloat16_rn(sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2) * scale);
   }
 }
 
@@ -121,8 +121,8 @@ DeviceMemory::~DeviceMemory() {
   if (p_) cudaFree(p_);
 }
 
-void fill_random_bf16(void* p, size_t count, uint64_t seed, cudaStream_t stream) {
-  fill_kernel<<<1024, 256, 0, stream>>>(static_cast<__nv_bfloat16*>(p), count, seed);
+void fill_random_bf16(void* p, size_t count, uint64_t seed, cudaStream_t stream, float scale) {
+  fill_kernel<<<1024, 256, 0, stream>>>(static_cast<__nv_bfloat16*>(p), count, seed, scale);
   SPARK_CHECK_LAUNCH();
 }
 
@@ -264,14 +264,15 @@ void trace_replay(cudaGraphExec_t exec, cudaStream_t stream, const std::string& 
   std::printf("  trace: %zu CTAs -> %s\n", records.size(), path.c_str());
 }
 
-void run_ranks(int tp, const std::function<void(Group&, int)>& fn) {
+void run_ranks(int tp, const std::function<void(Group&, int)>& fn, int devices) {
+  if (devices <= 0) devices = tp;
   auto shared = InProcessGroup::make_shared(tp);
   std::vector<std::exception_ptr> errors(tp);
   std::vector<std::thread> threads;
   for (int rank = 0; rank < tp; ++rank)
     threads.emplace_back([&, rank] {
       try {
-        CUDA_CHECK(cudaSetDevice(rank));
+        CUDA_CHECK(cudaSetDevice(rank % devices));
         InProcessGroup group(shared, rank);
         fn(group, rank);
       } catch (...) {

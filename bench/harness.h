@@ -73,9 +73,11 @@ void trace_replay(cudaGraphExec_t exec, cudaStream_t stream, const std::string& 
                   const std::function<void()>& before = {});
 // `calls` calls of one_call() captured on `stream` into an executable graph.
 cudaGraphExec_t capture_graph(cudaStream_t stream, int calls, const std::function<void()>& one_call);
-// Runs fn(group, rank) on `tp` threads, thread r with GPU r current, over one
-// InProcessGroup; rethrows the first rank's exception after all joined.
-void run_ranks(int tp, const std::function<void(Group&, int)>& fn);
+// Runs fn(group, rank) on `tp` threads, thread r with GPU r % devices current
+// (devices = 0: one GPU per rank; fewer GPUs than ranks: ranks share them),
+// over one InProcessGroup; rethrows the first rank's exception after all
+// joined.
+void run_ranks(int tp, const std::function<void(Group&, int)>& fn, int devices = 0);
 
 // Device name, today's date, and the commit (SPARK_DECODE_COMMIT, else the
 // configure-time git hash).
@@ -110,7 +112,8 @@ void prepare_bulk_read();
 void enqueue_bulk_read(const void* p, size_t bytes, int copy, int ctas_per_sm, cudaStream_t stream, int rows = 1,
                        int row_bytes = 0);
 
-// Fills `count` BF16 at `p` with N(0,1) draws (device-side, fast).
-void fill_random_bf16(void* p, size_t count, uint64_t seed, cudaStream_t stream = nullptr);
+// Fills `count` BF16 at `p` with N(0,1) draws (device-side, fast), times
+// `scale` before the one rounding to BF16.
+void fill_random_bf16(void* p, size_t count, uint64_t seed, cudaStream_t stream = nullptr, float scale = 1.0f);
 
 }  // namespace spark_decode::bench

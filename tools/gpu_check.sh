@@ -2,6 +2,9 @@
 # One call on a lent GPU machine: build for sm_90a, run the GPU tests and the
 # benchmarks, leave logs and JSON in $OUT (default /tmp/spark-out).
 #   tools/gpu_check.sh [build] [test] [sanitize] [tune] [tune-pdl] [tune-pooler] [bench] [gather] [publish] [pooler] [trace]
+#                      [verify] [step]
+#   verify: spark-decode verify at the GPU count and at tp 2 on one GPU;
+#   step: spark-decode step at the GPU count, JSON, markdown and plot in $OUT.
 #   (default: build test bench). trace: a -DSPARK_DECODE_TRACE=ON build in
 #   build/trace, per-CTA timelines of the unpooler's PDL chain and of
 #   Pooler.run (tp 1, and tp 2 where two GPUs are), summarised into the log,
@@ -177,6 +180,18 @@ if has trace; then
     tail -40 "$OUT/trace_build.log" | tee -a "$LOG"
     rc=1
   fi
+fi
+if has verify; then
+  say "verify $(date -u +%T)"
+  build/h200/spark-decode verify 2>&1 | tee -a "$LOG"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+  build/h200/spark-decode verify --tp 2 --gpus 1 2>&1 | tee -a "$LOG"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+fi
+if has step; then
+  say "step $(date -u +%T)"
+  build/h200/spark-decode step --out "$OUT" 2>&1 | tee -a "$LOG"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 say "done rc=$rc $(date -u +%T)"
 exit $rc

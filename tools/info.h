@@ -1,5 +1,7 @@
-// `spark-decode info` and the self-check the bare `spark-decode` runs.
+// `spark-decode info`: the GPUs this process sees.
 #pragma once
+
+#include <string>
 
 namespace spark_decode::tool {
 
@@ -7,10 +9,7 @@ namespace spark_decode::tool {
 int gpu_count();
 // GPUs, compute capability, SMs, L2, cluster support, peer-access matrix.
 void print_info();
-// The Unpooler at small and model shapes against the FP64 CPU reference;
-// returns false if any element is out of bounds.
-bool verify_unpooler_gpu();
-// No GPU: the CPU reference on a small shape, said plainly.
-void run_cpu_reference_demo();
+// The same as JSON text.
+std::string info_json();
 
 }  // namespace spark_decode::tool

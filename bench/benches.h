@@ -24,10 +24,17 @@ struct UnpoolerBenchOptions {
   // tp at the first m (spark_decode/trace.h; a -DSPARK_DECODE_TRACE=ON
   // build) into <trace>_unpooler_tp<tp>_m<m>.csv.
   std::string trace;
+  // bench: mode after_stream: each call of the table's engine and of the
+  // on-chip engine follows a stand-in for the routed experts streaming this
+  // many MiB (harness.h, StandIn) holding this much shared memory per SM;
+  // 0 MiB: not measured.
+  int standin_mib = 64;
+  int standin_smem_kib = 200;
 };
 
-// Ours (graph and pdl_chain) against the fastest cuBLASLt algorithm, per tp
-// and m; returns the JSON path.
+// Ours (graph and pdl_chain; the table's engine and the on-chip engine)
+// against the fastest cuBLASLt algorithm, per tp and m, and both engines
+// behind a bandwidth-heavy predecessor (after_stream); returns the JSON path.
 std::string bench_unpooler(const UnpoolerBenchOptions& options);
 
 // Every valid tactic of every tp's shape at the given m; prints the ranking

@@ -43,6 +43,10 @@ int main(int argc, char** argv) {
                            "zero-copy publish + gather against plain + publish and cuBLAS + NCCL (--publish-tp GPUs)");
   bench_unpooler->add_option("--publish-tp", publish_tp, "GPUs for --publish");
   bench_unpooler->add_option("--trace", opts.trace, "path prefix of per-CTA timelines (a -DSPARK_DECODE_TRACE=ON build)");
+  bench_unpooler->add_option("--standin-mib", opts.standin_mib,
+                             "MiB the routed-expert stand-in streams before each call (mode after_stream; 0: off)");
+  bench_unpooler->add_option("--standin-smem-kib", opts.standin_smem_kib,
+                             "shared memory the stand-in holds per SM (KiB)");
   sd::bench::GatherBenchOptions gather_opts;
   gather_opts.out_dir = opts.out_dir;
   auto* bench_gather = bench->add_subcommand("gather", "mailbox publish + gather against ncclAllGather (tp GPUs)");
@@ -62,7 +66,7 @@ int main(int argc, char** argv) {
     c->add_option("--tp", pooler_opts.tps, "tp of Pooler.run vs stock")->delimiter(',');
     c->add_option("--gemm-tp", pooler_opts.gemm_tps, "tp of the GEMM sweep")->delimiter(',');
     c->add_option("--b", pooler_opts.bs, "batch sizes")->delimiter(',');
-    c->add_option("--engines", pooler_opts.engines, "GEMM sweep: engines by name prefix (table, mma, ring, skinny)")
+    c->add_option("--engines", pooler_opts.engines, "GEMM sweep: engines by name prefix (table, splitk, ring, onchip, skinny)")
         ->delimiter(',');
     c->add_option("--run-engines", pooler_opts.run_engines,
                   "Pooler.run also on each of these engines (name prefix), besides the table's choice")
@@ -70,6 +74,9 @@ int main(int argc, char** argv) {
     c->add_option("--repeats", pooler_opts.repeats, "graph replays per figure (median)");
     c->add_option("--out", pooler_opts.out_dir, "directory of the JSON and markdown");
     c->add_option("--trace", pooler_opts.trace, "path prefix of per-CTA timelines (a -DSPARK_DECODE_TRACE=ON build)");
+    c->add_option("--standin-mib", pooler_opts.standin_mib,
+                  "MiB the routed-expert stand-in streams before each GEMM call (mode after_stream; 0: off)");
+    c->add_option("--standin-smem-kib", pooler_opts.standin_smem_kib, "shared memory the stand-in holds per SM (KiB)");
   }
   auto* profile = app.add_subcommand("profile", "a few eager calls of one kernel, to run under ncu");
   profile->require_subcommand(1);

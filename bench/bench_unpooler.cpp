@@ -232,7 +232,81 @@ std::string bench_unpooler(const UnpoolerBenchOptions& o) {
   return report.write(o.out_dir, "unpooler");
 }
 
+namespace {
+
+// `tune unpooler --onchip`: every on-chip tactic of every tp's shape at the
+// given m, one mode (o.pdl); records op unpooler, variant "onchip_mma " + the
+// tactic (tools/rank_tune.py ranks two such files).
+std::string tune_onchip(const UnpoolerBenchOptions& o) {
+  Report report = new_report();
+  report.hbm_read_TBps = measure_hbm_read_TBps();
+  cudaStream_t stream;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  Activations io;
+  DeviceMemory &x = io.x, &out = io.out;
+  for (int tp : o.tps) {
+    const GemmShape shape = gemm_shape(tp, o.pooler_shapes);
+    const int n = shape.n, k = shape.k;
+    ColdWeights weights(n, k);
+    const double floor = floor_us(size_t{2} * n * k, report.hbm_read_TBps);
+    std::multimap<double, std::string> ranking;
+    for (int s : {1, 2, 4, 8})
+      for (int kw : kOnchipKws)
+        for (int accs = 1; accs <= kOnchipMaxAccs; ++accs)
+          for (int g : {1, 2, 4, 8, 16})
+            for (bool balance : {false, true}) {
+              OnchipTactic t = onchip_tactic(o.pooler_shapes ? PlanOp::pooler : PlanOp::unpooler, n, k);
+              t.splits = s;
+              t.kw = kw;
+              t.accs = accs;
+              t.stage_warps = g;
+              t.cluster_balance = balance;
+              if ((balance && s == 1) || onchip_unsupported(n, k, t) || !wanted(o.splits, s) || !wanted(o.kws, kw) ||
+                  !wanted(o.accs, accs) || !wanted(o.stage_warps, g))
+                continue;
+              Unpooler::Options opt;
+              opt.enable_pdl = o.pdl;
+              opt.engine = GemmEngine::onchip_mma;
+              opt.onchip = t;
+              std::vector<Unpooler> u;
+              try {
+                u = weights.unpoolers(opt);
+              } catch (const RuntimeError& e) {  // the device cannot hold it (clusters, shared memory)
+                std::printf("  tp %d: %s cannot run: %s\n", tp, t.to_string().c_str(), e.what());
+                continue;
+              }
+              const std::string name = "onchip_mma " + t.to_string();
+              std::string line;
+              double sum = 0;
+              for (int m : o.ms) {
+                const double us = time_graph([&](cudaStream_t st, int c) { u[c].run(x.get(), out.get(), m, st); },
+                                             weights.copies, o.repeats, stream);
+                report.records.push_back({"unpooler", "spark", name, o.pdl ? "pdl_chain" : "graph", tp, m, n, k, us, floor});
+                sum += us;
+                char buf[32];
+                std::snprintf(buf, sizeof buf, " m%d=%.2f", m, us);
+                line += buf;
+              }
+              std::printf("  tp %d: %s%s\n", tp, name.c_str(), line.c_str());
+              ranking.emplace(sum / o.ms.size(), name + line);
+            }
+    std::printf("tp %d (N=%d K=%d, floor %.2f us, %s): on-chip tactics by mean us over m\n", tp, n, k, floor,
+                o.pdl ? "pdl_chain" : "graph");
+    int shown = 0;
+    for (const auto& [mean, text] : ranking) {
+      std::printf("  %6.2f  %s\n", mean, text.c_str());
+      if (++shown == 8) break;
+    }
+  }
+  CUDA_CHECK(cudaStreamDestroy(stream));
+  return report.write(o.out_dir, std::string(o.pooler_shapes ? "onchip_tune_pooler_shapes" : "onchip_tune") +
+                                     (o.pdl ? "_pdl" : ""));
+}
+
+}  // namespace
+
 std::string tune_unpooler(const UnpoolerBenchOptions& o) {
+  if (o.onchip) return tune_onchip(o);
   Report report = new_report();
   report.hbm_read_TBps = measure_hbm_read_TBps();
   cudaStream_t stream;

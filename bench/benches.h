@@ -20,6 +20,11 @@ struct UnpoolerBenchOptions {
   // PDL off: what a caller that launches with PDL gets, weights prefetched
   // during the previous kernel's tail.
   bool pdl = false;
+  // tune: the on-chip engine's tactics (S, kw, accs, copy stages, cluster
+  // policy; filtered by splits, kws, accs, stage_warps) instead of the
+  // split-K engine's; written as onchip_tune[_pooler_shapes][_pdl].
+  bool onchip = false;
+  std::vector<int> stage_warps;
   // bench: non-empty: also record one replay of the PDL-chain graph of each
   // tp at the first m (spark_decode/trace.h; a -DSPARK_DECODE_TRACE=ON
   // build) into <trace>_unpooler_tp<tp>_m<m>.csv.

@@ -84,6 +84,9 @@ int main(int argc, char** argv) {
   tune_unpooler->add_flag("--pooler-shapes", opts.pooler_shapes,
                           "the pooler GEMM's shapes (N = P/tp, K = H) that the MMA engine serves");
   tune_unpooler->add_flag("--pdl", opts.pdl, "time each tactic in a PDL chain (mode pdl_chain), not with PDL off");
+  tune_unpooler->add_flag("--onchip", opts.onchip, "the on-chip engine's tactics instead of the split-K engine's");
+  tune_unpooler->add_option("--stage-warps", opts.stage_warps, "--onchip: only these warps per copy stage")
+      ->delimiter(',');
   for (CLI::App* c : {tune_unpooler, profile_unpooler}) {
     c->add_option("--splits", opts.splits, "only these S")->delimiter(',');
     c->add_option("--kw", opts.kws, "only these kw")->delimiter(',');

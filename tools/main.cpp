@@ -107,6 +107,18 @@ int main(int argc, char** argv) {
     }
     if (*tactics) {
       std::printf("%s", sd::format_plan_table().c_str());
+      // The on-chip engine's tactic at each model shape (not in the table:
+      // what Unpooler::Options::engine and PoolerGemm::Options::force run).
+      std::printf("on-chip engine (onchip_mma, forced), its tactic per model shape:\n");
+      for (sd::PlanOp op : {sd::PlanOp::unpooler, sd::PlanOp::pooler})
+        for (int tp : sd::kTensorParallelSizes) {
+          const bool un = op == sd::PlanOp::unpooler;
+          const int n = (un ? sd::kMuseSpark.hidden : sd::kMuseSpark.pooled) / tp;
+          const int k = un ? sd::kMuseSpark.pooled : sd::kMuseSpark.hidden;
+          const auto t = sd::onchip_tactic(op, n, k);
+          std::printf("  %s tp %d [%d, %d] -> %s stage_warps=%d, %d CTAs\n", sd::op_name(op), tp, n, k,
+                      t.to_string().c_str(), t.stage_warps_for(k), n / sd::kSplitKTileN * t.splits);
+        }
       return 0;
     }
     if (*bench_unpooler || *tune_unpooler) {

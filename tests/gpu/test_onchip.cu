@@ -306,8 +306,8 @@ TEST(OnchipMma, SameBitsAsTheSplitKEngineAtEverySAndStage) {
 // that read its x before griddepcontrol.wait returned would see poison or
 // another link's rows. Square weights scaled by 1/sqrt(K) keep the values in
 // range: [1024, 1024] (64 tiles x S = 2, clusters), [2048, 2048] (128 CTAs
-// of 64 KiB, the deployed CTA) and [4096, 4096] (the unpooler's tp 2 shape,
-// two CTAs per SM).
+// of 8 warps and 64 KiB, the deployed tp 8 CTA) and [4096, 4096] (the
+// unpooler's tp 2 shape: 256 CTAs of 128 KiB, two waves).
 TEST(OnchipMma, PdlOnEqualsOffAlongChains) {
   SKIP_WITHOUT_GPU(1);
   const uint64_t seed = test_seed("onchip pdl");

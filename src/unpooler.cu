@@ -49,7 +49,8 @@ std::optional<std::string> Unpooler::unsupported(const TensorRef& weight, const 
 std::optional<std::string> Unpooler::unsupported(const TensorRef& weight) {
   if (weight.ndim != 2) return unsupported(weight, SplitKTactic{});
   const int n = static_cast<int>(weight.shape[0]), k = static_cast<int>(weight.shape[1]);
-  if (unpooler_engine(n, k) == GemmEngine::onchip_mma) return unsupported(weight, spark_decode::onchip_tactic(PlanOp::unpooler, n, k));
+  if (unpooler_engine(n, k) == GemmEngine::onchip_mma)
+    return unsupported(weight, spark_decode::onchip_tactic(PlanOp::unpooler, n, k));
   return unsupported(weight, unpooler_tactic(n, k));
 }
 
@@ -64,8 +65,8 @@ Unpooler::Unpooler(const TensorRef& weight, Options options)
               "the unpooler runs splitk_mma or onchip_mma, not ", engine_name(engine_kind_));
   tactic_ = options.tactic ? *options.tactic : unpooler_tactic(n_, k_);
   onchip_ = options.onchip ? *options.onchip : spark_decode::onchip_tactic(PlanOp::unpooler, n_, k_);
-  if (auto reason = engine_kind_ == GemmEngine::onchip_mma ? unsupported(weight, onchip_) : unsupported(weight, tactic_))
-    throw InvalidArgument(*reason);
+  const bool onchip = engine_kind_ == GemmEngine::onchip_mma;
+  if (auto reason = onchip ? unsupported(weight, onchip_) : unsupported(weight, tactic_)) throw InvalidArgument(*reason);
   mailbox_ = options.mailbox;
   if (mailbox_) {
     SPARK_CHECK(mailbox_->width() == n_, "mailbox width ", mailbox_->width(), " != unpooler N ", n_);

@@ -168,7 +168,8 @@ std::optional<std::string> onchip_unsupported(int n, int k, const OnchipTactic& 
     os << "; accs 1.." << kOnchipMaxAccs << ")";
     return os.str();
   }
-  if (k <= 0 || k % (t.splits * t.kw)) return concat("on-chip MMA: K=", k, " does not split into ", t.splits, " x warps x ", t.kw);
+  if (k <= 0 || k % (t.splits * t.kw))
+    return concat("on-chip MMA: K=", k, " does not split into ", t.splits, " x warps x ", t.kw);
   const int warps = t.warps(k);
   if (warps > kOnchipMaxWarps)
     return concat("on-chip MMA: ", warps, " warps per CTA (K / (S kw)), more than ", kOnchipMaxWarps,

@@ -171,7 +171,8 @@ TEST(OnchipValidation, TheUnpoolerAndThePoolerGemmAskTheEngine) {
   EXPECT_EQ(*sd::Unpooler::unsupported(w(1024, 4096), tactic(1, 256, 4)),
             "on-chip MMA: kw=256 accs=4 has no compiled kernel (kw: 128 256; accs 1..2)");
   EXPECT_EQ(*sd::Unpooler::unsupported(w(24, 256), tactic(1, 256, 1)),
-            "unpooler shard [24, 256] bf16 on cuda:0: needs a contiguous, 16-byte aligned BF16 [N, K] with N % 16 == 0");
+            "unpooler shard [24, 256] bf16 on cuda:0: needs a contiguous, 16-byte aligned BF16 [N, K] with N % 16 "
+            "== 0");
   // The table's unpooler rows are the split-K engine's today.
   for (int tp : sd::kTensorParallelSizes)
     EXPECT_EQ(sd::unpooler_engine(sd::kMuseSpark.hidden / tp, sd::kMuseSpark.pooled), sd::GemmEngine::splitk_mma);
@@ -183,7 +184,8 @@ TEST(OnchipValidation, TheUnpoolerAndThePoolerGemmAskTheEngine) {
       EXPECT_FALSE(sd::pooler_choice_unsupported(sd::kMuseSpark.pooled / tp, sd::kMuseSpark.hidden, b, on))
           << "tp " << tp << " b " << b;
   EXPECT_EQ(*sd::pooler_choice_unsupported(512, 8192, 17, on), "pooler GEMM: m = 17 outside [1, 16]");
-  EXPECT_EQ(*sd::pooler_choice_unsupported(24, 8192, 1, on), "pooler GEMM: on-chip MMA: N=24 is not a positive multiple of 16");
+  EXPECT_EQ(*sd::pooler_choice_unsupported(24, 8192, 1, on),
+            "pooler GEMM: on-chip MMA: N=24 is not a positive multiple of 16");
 }
 
 TEST(OnchipPlanTable, RowsNamingTheEngineKeepTheRules) {

@@ -323,7 +323,9 @@ TEST(OnchipMma, PdlOnEqualsOffAlongChains) {
       auto on = onchip_unpooler(dw.get(), n, n, std::nullopt, true);
       auto off = onchip_unpooler(dw.get(), n, n, std::nullopt, false);
       TestStream stream;
-      auto at = [&](const void* base, int r) { return static_cast<char*>(const_cast<void*>(base)) + size_t(M) * n * 2 * r; };
+      auto at = [&](const void* base, int r) {
+        return static_cast<char*>(const_cast<void*>(base)) + size_t(M) * n * 2 * r;
+      };
       for (int m : {1, 5, 16}) {
         std::vector<uint16_t> results[2];
         for (int pdl = 0; pdl < 2; ++pdl) {
@@ -430,6 +432,5 @@ TEST(OnchipMma, RefusesWhatItCannotRunAndPreparesLazily) {
   EXPECT_FALSE(lazy.prepared(8, 2));  // one row tile only
   EXPECT_FALSE(lazy.prepared(16));
   EXPECT_NE(lazy.describe().find("onchip_mma S="), std::string::npos) << lazy.describe();
-  const std::string bad_rows = check_gemm(download<uint16_t>(out.get(), size_t(3) * n), p.x.data(), p.w.data(), 3, n, k);
-  EXPECT_EQ(bad_rows, "");
+  EXPECT_EQ(check_gemm(download<uint16_t>(out.get(), size_t(3) * n), p.x.data(), p.w.data(), 3, n, k), "");
 }

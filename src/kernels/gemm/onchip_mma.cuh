@@ -138,8 +138,8 @@ __global__ void __launch_bounds__(onchip::kMaxThreads) onchip_mma_kernel(const G
 #pragma unroll
     for (int nt = 0; nt < kNt; ++nt) {
       const int token = nt * 8 + g;
-      xv[v][nt] = token < args.m ? ptx::ld_v4(args.x + static_cast<size_t>(token) * args.k + k_begin + v * kSplitKBlockK)
-                                 : make_uint4(0, 0, 0, 0);
+      const __nv_bfloat16* const at = args.x + static_cast<size_t>(token) * args.k + k_begin + v * kSplitKBlockK;
+      xv[v][nt] = token < args.m ? ptx::ld_v4(at) : make_uint4(0, 0, 0, 0);
     }
 
   float acc[ACCS][kNt][4];

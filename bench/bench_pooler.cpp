@@ -42,6 +42,10 @@ bool selected(const std::vector<std::string>& prefixes, const std::string& name)
 // The GEMM sweep on the current GPU: records op pooler_gemm.
 void gemm_sweep(const PoolerBenchOptions& o, Report& report, cudaStream_t stream) {
   const int k = kMuseSpark.hidden;
+  prepare_onchip_stream();
+  // The routed experts' stand-in (mode after_stream), shared by every tp.
+  std::unique_ptr<StandIn> standin;
+  if (o.standin_mib > 0) standin = std::make_unique<StandIn>(size_t(o.standin_mib) << 20, o.standin_smem_kib * 1024);
   DeviceMemory x(size_t{2} * kMaxBatch * k), out(size_t{2} * kMaxBatch * kMuseSpark.pooled);
   fill_random_bf16(x.get(), size_t{kMaxBatch} * k, 7);
   int dev = 0;
@@ -61,6 +65,32 @@ void gemm_sweep(const PoolerBenchOptions& o, Report& report, cudaStream_t stream
     std::vector<std::pair<std::string, std::optional<PoolerGemmChoice>>> engines = {{"table", std::nullopt}};
     for (const auto& c : pooler_gemm_candidates()) engines.push_back({c.to_string(), c});
     std::erase_if(engines, [&](const auto& e) { return !selected(o.engines, e.first); });
+    // The on-chip engine's copies with nothing computed: the bare stream it
+    // can at best reach at this shape.
+    const OnchipTactic onchip = onchip_tactic(PlanOp::pooler, n, k);
+    if (!onchip_unsupported(n, k, onchip) && selected(o.engines, "onchip_mma")) {
+      double stream_us[2];
+      for (bool chain : {false, true})
+        stream_us[chain] = time_graph(
+            [&](cudaStream_t s, int c) {
+              enqueue_onchip_stream(copy(c), n, k, onchip.splits, onchip.kw, onchip.stage_warps_for(k), chain, s);
+            },
+            copies, o.repeats, stream);
+      char line[256];
+      std::snprintf(line, sizeof line,
+                    "pooler GEMM tp %d diagnostics: onchip_mma %s, %d CTAs; its bulk copies with nothing computed "
+                    "%.2f us (PDL off), %.2f us (PDL chain)",
+                    tp, onchip.to_string().c_str(), n / kSplitKTileN * onchip.splits, stream_us[0], stream_us[1]);
+      std::printf("  %s\n", line);
+      report.notes.push_back(line);
+    }
+    // The stand-in alone (mode after_stream), chained as the pairs are.
+    double standin_us = 0;
+    if (standin) {
+      standin_us = time_graph([&](cudaStream_t s, int c) { standin->enqueue(s, c); }, copies, o.repeats, stream);
+      report.records.push_back({"pooler_gemm", "standin", standin->describe(), "after_stream", tp, 0, n, k, standin_us, 0});
+      std::printf("  stand-in: %s alone %.2f us/call (PDL chain)\n", standin->describe().c_str(), standin_us);
+    }
     for (int b : o.bs) {
       CublasGemm blas(b, n, k);
       const double blas_us = blas.pick_fastest(ptrs, x.get(), out.get(), o.repeats, stream);
@@ -87,6 +117,20 @@ void gemm_sweep(const PoolerBenchOptions& o, Report& report, cudaStream_t stream
               {"pooler_gemm", "spark", variant, pdl ? "pdl_chain" : "graph", tp, b, n, k, us, floor});
           std::printf("        %-52s %-9s %6.2f us  %.2fx cublas, %3.0f%% of floor\n", variant.c_str(),
                       pdl ? "pdl_chain" : "graph", us, blas_us / us, 100 * floor / us);
+          // Today's engine and the on-chip one behind the stand-in: the time
+          // per pair less the stand-in's alone.
+          if (pdl && standin && (name == "table" || (force && force->engine == GemmEngine::onchip_mma))) {
+            const double after = time_graph(
+                                     [&](cudaStream_t s, int c) {
+                                       standin->enqueue(s, c);
+                                       gemms[c].run(x.get(), out.get(), b, s);
+                                     },
+                                     copies, o.repeats, stream) -
+                                 standin_us;
+            report.records.push_back({"pooler_gemm", "spark", variant, "after_stream", tp, b, n, k, after, floor});
+            std::printf("        %-52s %-9s %6.2f us  (per pair less the stand-in's %.2f)\n", variant.c_str(),
+                        "after the stand-in", after, standin_us);
+          }
         }
       }
     }
@@ -288,7 +332,9 @@ std::string bench_pooler(const PoolerBenchOptions& o) {
   }
   report.notes.push_back(
       "pooler_gemm: one call per cold weight copy in a CUDA graph; variant names the engine (table= the tactic "
-      "table's choice); graph = PDL off, pdl_chain = PDL on; cublas = the fastest cuBLASLt candidate.");
+      "table's choice); graph = PDL off, pdl_chain = PDL on; cublas = the fastest cuBLASLt candidate; "
+      "after_stream = each call (PDL) after a stand-in for the routed experts (PDL; impl standin, m 0: alone), "
+      "us = the time per pair less the stand-in's alone.");
   report.notes.push_back(
       "pooler: one graph of the 60 NVFP4 layers in order (distinct weights), per-call time; spark run = Pooler.run "
       "(the GEMM publishing from its epilogue or followed by the publish kernel, as the plan table "

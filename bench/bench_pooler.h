@@ -25,6 +25,12 @@ struct PoolerBenchOptions {
   // built with -DSPARK_DECODE_TRACE=ON), one CSV per rank:
   // <trace>_tp<tp>_b<b>_rank<r>_{run,split}.csv. tools/trace_summary.py reads them.
   std::string trace;
+  // The GEMM sweep's mode after_stream: the table's engine and the on-chip
+  // engine, each call after a stand-in for the routed experts streaming this
+  // many MiB (harness.h, StandIn) with this much shared memory per SM; 0 MiB:
+  // not measured.
+  int standin_mib = 64;
+  int standin_smem_kib = 200;
 };
 
 // op "pooler_gemm": every engine at every shape it offers

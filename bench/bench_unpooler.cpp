@@ -76,6 +76,10 @@ std::string bench_unpooler(const UnpoolerBenchOptions& o) {
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   Activations io;
   DeviceMemory &x = io.x, &out = io.out;
+  prepare_onchip_stream();
+  // The routed experts' stand-in (mode after_stream), shared by every tp.
+  std::unique_ptr<StandIn> standin;
+  if (o.standin_mib > 0) standin = std::make_unique<StandIn>(size_t(o.standin_mib) << 20, o.standin_smem_kib * 1024);
   for (int tp : o.tps) {
     const GemmShape shape = gemm_shape(tp);
     const int n = shape.n, k = shape.k;
@@ -128,12 +132,58 @@ std::string bench_unpooler(const UnpoolerBenchOptions& o) {
       std::printf("  %s\n", line.c_str());
       report.notes.push_back(line);
     }
+    // The on-chip engine at its tactic for the shape (onchip_tactic), beside
+    // the table's; and its copies with nothing computed (the bare stream it
+    // can at best reach), with PDL off and in a PDL chain.
+    const OnchipTactic onchip = onchip_tactic(PlanOp::unpooler, n, k);
+    const bool onchip_runs = !onchip_unsupported(n, k, onchip);
+    std::vector<Unpooler> on, on_pdl;
+    const std::string onchip_name = "onchip_mma " + onchip.to_string();
+    if (onchip_runs) {
+      Unpooler::Options a = plain, b = pdl;
+      a.engine = b.engine = GemmEngine::onchip_mma;
+      on = weights.unpoolers(a);
+      on_pdl = weights.unpoolers(b);
+      double stream_us[2];
+      for (bool chain : {false, true})
+        stream_us[chain] = time_graph(
+            [&](cudaStream_t s, int c) {
+              enqueue_onchip_stream(weights.copy(c), n, k, onchip.splits, onchip.kw, onchip.stage_warps_for(k), chain, s);
+            },
+            weights.copies, o.repeats, stream);
+      char line[256];
+      std::snprintf(line, sizeof line,
+                    "tp %d diagnostics: %s, %d CTAs; its bulk copies with nothing computed %.2f us (PDL off), "
+                    "%.2f us (PDL chain)",
+                    tp, onchip_name.c_str(), n / kSplitKTileN * onchip.splits, stream_us[0], stream_us[1]);
+      std::printf("  %s\n", line);
+      report.notes.push_back(line);
+    }
+    // The stand-in alone, chained as in mode after_stream: what each pair's
+    // time is over.
+    double standin_us = 0;
+    if (standin) {
+      standin_us = time_graph([&](cudaStream_t s, int c) { standin->enqueue(s, c); }, weights.copies, o.repeats, stream);
+      report.records.push_back({"unpooler", "standin", standin->describe(), "after_stream", tp, 0, n, k, standin_us, 0});
+      std::printf("  stand-in: %s alone %.2f us/call (PDL chain)\n", standin->describe().c_str(), standin_us);
+    }
     for (int m : o.ms) {
       CublasGemm blas(m, n, k);
       const double blas_us = blas.pick_fastest(copies, x.get(), out.get(), o.repeats, stream);
       auto time_ours = [&](std::vector<Unpooler>& u) {
         return time_graph([&](cudaStream_t s, int c) { u[c].run(x.get(), out.get(), m, s); }, weights.copies,
                           o.repeats, stream);
+      };
+      // Each call after the stand-in (both PDL): the time per pair less the
+      // stand-in's own, i.e. what the call adds behind a realistic predecessor.
+      auto after_standin = [&](std::vector<Unpooler>& u) {
+        return time_graph(
+                   [&](cudaStream_t s, int c) {
+                     standin->enqueue(s, c);
+                     u[c].run(x.get(), out.get(), m, s);
+                   },
+                   weights.copies, o.repeats, stream) -
+               standin_us;
       };
       const double g = time_ours(ours), c = time_ours(ours_pdl);
       if (!o.trace.empty() && m == o.ms.front()) {
@@ -148,17 +198,115 @@ std::string bench_unpooler(const UnpoolerBenchOptions& o) {
       report.records.push_back({"unpooler", "cublas", "", "graph", tp, m, n, k, blas_us, floor});
       std::printf("  m=%2d  spark graph %6.2f us  pdl_chain %6.2f us  cublas %6.2f us (%s)  -> %.2fx, %.0f%% of floor\n",
                   m, g, c, blas_us, blas.algo_description().c_str(), blas_us / g, 100 * floor / g);
+      if (onchip_runs) {
+        const double og = time_ours(on), oc = time_ours(on_pdl);
+        report.records.push_back({"unpooler", "spark", onchip_name, "graph", tp, m, n, k, og, floor});
+        report.records.push_back({"unpooler", "spark", onchip_name, "pdl_chain", tp, m, n, k, oc, floor});
+        std::printf("        onchip graph %6.2f us  pdl_chain %6.2f us  -> %.2fx cublas, %.0f%% of floor in the chain\n",
+                    og, oc, blas_us / og, 100 * floor / oc);
+      }
+      if (standin) {
+        const double ta = after_standin(ours_pdl);
+        report.records.push_back({"unpooler", "spark", "table after the stand-in", "after_stream", tp, m, n, k, ta, floor});
+        std::printf("        after the stand-in: table %6.2f us", ta);
+        if (onchip_runs) {
+          const double oa = after_standin(on_pdl);
+          report.records.push_back(
+              {"unpooler", "spark", onchip_name + " after the stand-in", "after_stream", tp, m, n, k, oa, floor});
+          std::printf("  onchip %6.2f us", oa);
+        }
+        std::printf(" (per pair less the stand-in's %.2f)\n", standin_us);
+      }
     }
   }
   CUDA_CHECK(cudaStreamDestroy(stream));
   report.notes.push_back("graph: CUDA graph of one call per cold weight copy, PDL off; pdl_chain: the same with "
                          "programmatic dependent launch on; cublas: the fastest cuBLASLt heuristic candidate, "
-                         "timed the same way.");
+                         "timed the same way. variant empty: the plan table's engine; onchip_mma: the on-chip "
+                         "engine at its tactic for the shape.");
+  if (standin)
+    report.notes.push_back("after_stream: each call preceded by " + standin->describe() +
+                           ", both with PDL; us = the time per pair less the stand-in's alone (impl standin, m 0): "
+                           "what the call adds behind a bandwidth-heavy predecessor.");
   report.notes.push_back(format_plan_table());
   return report.write(o.out_dir, "unpooler");
 }
 
+namespace {
+
+// `tune unpooler --onchip`: every on-chip tactic of every tp's shape at the
+// given m, one mode (o.pdl); records op unpooler, variant "onchip_mma " + the
+// tactic (tools/rank_tune.py ranks two such files).
+std::string tune_onchip(const UnpoolerBenchOptions& o) {
+  Report report = new_report();
+  report.hbm_read_TBps = measure_hbm_read_TBps();
+  cudaStream_t stream;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  Activations io;
+  DeviceMemory &x = io.x, &out = io.out;
+  for (int tp : o.tps) {
+    const GemmShape shape = gemm_shape(tp, o.pooler_shapes);
+    const int n = shape.n, k = shape.k;
+    ColdWeights weights(n, k);
+    const double floor = floor_us(size_t{2} * n * k, report.hbm_read_TBps);
+    std::multimap<double, std::string> ranking;
+    for (int s : {1, 2, 4, 8})
+      for (int kw : kOnchipKws)
+        for (int accs = 1; accs <= kOnchipMaxAccs; ++accs)
+          for (int g : {1, 2, 4, 8, 16})
+            for (bool balance : {false, true}) {
+              OnchipTactic t = onchip_tactic(o.pooler_shapes ? PlanOp::pooler : PlanOp::unpooler, n, k);
+              t.splits = s;
+              t.kw = kw;
+              t.accs = accs;
+              t.stage_warps = g;
+              t.cluster_balance = balance;
+              if ((balance && s == 1) || onchip_unsupported(n, k, t) || !wanted(o.splits, s) || !wanted(o.kws, kw) ||
+                  !wanted(o.accs, accs) || !wanted(o.stage_warps, g))
+                continue;
+              Unpooler::Options opt;
+              opt.enable_pdl = o.pdl;
+              opt.engine = GemmEngine::onchip_mma;
+              opt.onchip = t;
+              std::vector<Unpooler> u;
+              try {
+                u = weights.unpoolers(opt);
+              } catch (const RuntimeError& e) {  // the device cannot hold it (clusters, shared memory)
+                std::printf("  tp %d: %s cannot run: %s\n", tp, t.to_string().c_str(), e.what());
+                continue;
+              }
+              const std::string name = "onchip_mma " + t.to_string();
+              std::string line;
+              double sum = 0;
+              for (int m : o.ms) {
+                const double us = time_graph([&](cudaStream_t st, int c) { u[c].run(x.get(), out.get(), m, st); },
+                                             weights.copies, o.repeats, stream);
+                report.records.push_back({"unpooler", "spark", name, o.pdl ? "pdl_chain" : "graph", tp, m, n, k, us, floor});
+                sum += us;
+                char buf[32];
+                std::snprintf(buf, sizeof buf, " m%d=%.2f", m, us);
+                line += buf;
+              }
+              std::printf("  tp %d: %s%s\n", tp, name.c_str(), line.c_str());
+              ranking.emplace(sum / o.ms.size(), name + line);
+            }
+    std::printf("tp %d (N=%d K=%d, floor %.2f us, %s): on-chip tactics by mean us over m\n", tp, n, k, floor,
+                o.pdl ? "pdl_chain" : "graph");
+    int shown = 0;
+    for (const auto& [mean, text] : ranking) {
+      std::printf("  %6.2f  %s\n", mean, text.c_str());
+      if (++shown == 8) break;
+    }
+  }
+  CUDA_CHECK(cudaStreamDestroy(stream));
+  return report.write(o.out_dir, std::string(o.pooler_shapes ? "onchip_tune_pooler_shapes" : "onchip_tune") +
+                                     (o.pdl ? "_pdl" : ""));
+}
+
+}  // namespace
+
 std::string tune_unpooler(const UnpoolerBenchOptions& o) {
+  if (o.onchip) return tune_onchip(o);
   Report report = new_report();
   report.hbm_read_TBps = measure_hbm_read_TBps();
   cudaStream_t stream;

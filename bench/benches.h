@@ -20,14 +20,26 @@ struct UnpoolerBenchOptions {
   // PDL off: what a caller that launches with PDL gets, weights prefetched
   // during the previous kernel's tail.
   bool pdl = false;
+  // tune: the on-chip engine's tactics (S, kw, accs, copy stages, cluster
+  // policy; filtered by splits, kws, accs, stage_warps) instead of the
+  // split-K engine's; written as onchip_tune[_pooler_shapes][_pdl].
+  bool onchip = false;
+  std::vector<int> stage_warps;
   // bench: non-empty: also record one replay of the PDL-chain graph of each
   // tp at the first m (spark_decode/trace.h; a -DSPARK_DECODE_TRACE=ON
   // build) into <trace>_unpooler_tp<tp>_m<m>.csv.
   std::string trace;
+  // bench: mode after_stream: each call of the table's engine and of the
+  // on-chip engine follows a stand-in for the routed experts streaming this
+  // many MiB (harness.h, StandIn) holding this much shared memory per SM;
+  // 0 MiB: not measured.
+  int standin_mib = 64;
+  int standin_smem_kib = 200;
 };
 
-// Ours (graph and pdl_chain) against the fastest cuBLASLt algorithm, per tp
-// and m; returns the JSON path.
+// Ours (graph and pdl_chain; the table's engine and the on-chip engine)
+// against the fastest cuBLASLt algorithm, per tp and m, and both engines
+// behind a bandwidth-heavy predecessor (after_stream); returns the JSON path.
 std::string bench_unpooler(const UnpoolerBenchOptions& options);
 
 // Every valid tactic of every tp's shape at the given m; prints the ranking

@@ -8,7 +8,9 @@
 #include <fstream>
 #include <thread>
 
+#include "kernels/common/launch.cuh"
 #include "kernels/common/ptx.cuh"
+#include "kernels/gemm/onchip_mma_config.h"
 #include "spark_decode/error.h"
 #include "spark_decode/group.h"
 #include "spark_decode/trace.h"
@@ -100,6 +102,54 @@ __global__ void __launch_bounds__(64) bulk_read_kernel(const char* p, int total,
   }
 }
 
+// The on-chip engine's copies with nothing computed (enqueue_onchip_stream):
+// the kernel's prologue and its stage waits, line for line, then exit.
+__global__ void __launch_bounds__(kernels::onchip::kMaxThreads)
+    onchip_stream_kernel(const __nv_bfloat16* w, int k, int kw, int stage_shift) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const uint32_t bars = ptx::smem_addr(smem);
+  const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int split = blockIdx.y, splits = gridDim.y, k_slice = k / splits;
+  const int stages = warps >> stage_shift, width = kw << stage_shift;
+  const int stage_size = kernels::onchip::stage_bytes(width);
+  const uint32_t stage0 = ptx::smem_addr(smem + kernels::onchip::stages_offset(k, kw, 8));
+  if (threadIdx.x == 0) {
+    for (int q = 0; q < stages; ++q) ptx::mbarrier_init(bars + 8 * q, 1);
+    ptx::fence_mbarrier_init_cluster();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const uint64_t policy = ptx::l2_policy_evict_first();
+    const uint32_t bytes = kernels::onchip::row_bytes(width);
+    const __nv_bfloat16* src = w + static_cast<size_t>(blockIdx.x) * 16 * k + split * k_slice;
+    uint32_t dst = stage0;
+    for (int q = 0; q < stages; ++q, src += width, dst += stage_size) {
+      ptx::mbarrier_arrive_expect_tx(bars + 8 * q, 16 * bytes);
+#pragma unroll
+      for (int r = 0; r < 16; ++r)
+        ptx::bulk_copy_g2s(dst + kernels::onchip::row_offset(width, r), src + static_cast<size_t>(r) * k, bytes,
+                           bars + 8 * q, policy);
+    }
+  }
+  ptx::griddep_wait();
+  ptx::griddep_launch_dependents();
+  ptx::mbarrier_wait_parity(bars + 8 * (warp >> stage_shift), 0);
+}
+
+// The stand-in predecessor (StandIn): wait, let the next grid launch, then
+// one 16-byte coherent load per thread per iteration, grid-stride; the XOR
+// keeps the loads live without a store per element.
+__global__ void __launch_bounds__(512) standin_kernel(const uint4* __restrict__ p, size_t n, uint32_t* sink) {
+  ptx::griddep_wait();
+  ptx::griddep_launch_dependents();
+  uint32_t acc = 0;
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
+    const uint4 v = p[i];
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;  // practically never; keeps acc alive
+}
+
 // An attribute of the current device (SM count, shared memory limit).
 int device_attribute(cudaDeviceAttr attr) {
   int dev = 0, value = 0;
@@ -170,6 +220,55 @@ void enqueue_bulk_read(const void* p, size_t bytes, int copy, int ctas_per_sm, c
   bulk_read_kernel<<<(total + per_cta - 1) / per_cta, 64, smem, stream>>>(static_cast<const char*>(p), total,
                                                                           per_cta, copy, stages, rows, row_bytes, sink);
   SPARK_CHECK_LAUNCH();
+}
+
+void prepare_onchip_stream() {
+  CUDA_CHECK(cudaFuncSetAttribute(onchip_stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)));
+}
+
+void enqueue_onchip_stream(const void* w, int n, int k, int splits, int kw, int stage_warps, bool pdl,
+                           cudaStream_t stream) {
+  SPARK_CHECK(n % 16 == 0 && splits >= 1 && kw > 0 && k % (splits * kw) == 0 && stage_warps > 0 &&
+                  (stage_warps & (stage_warps - 1)) == 0 && (k / (splits * kw)) % stage_warps == 0 &&
+                  k / (splits * kw) <= kOnchipMaxWarps,
+              "onchip stream: n=", n, " k=", k, " S=", splits, " kw=", kw, " stage_warps=", stage_warps);
+  int shift = 0;
+  while ((2 << shift) <= stage_warps) ++shift;
+  kernels::LaunchShape shape;
+  shape.grid = dim3(n / 16, splits);
+  shape.block = dim3(32 * (k / (splits * kw)));
+  shape.smem_bytes = kernels::onchip::smem_bytes(k, splits, kw, 8);
+  shape.cluster_y = splits;
+  shape.enable_pdl = pdl;
+  kernels::launch(onchip_stream_kernel, shape, stream, static_cast<const __nv_bfloat16*>(w), k, kw, shift);
+}
+
+StandIn::StandIn(size_t bytes, int smem_bytes)
+    : bytes_(bytes / 16 * 16), smem_bytes_(smem_bytes), memory_(bytes_ * kBuffers) {
+  CUDA_CHECK(cudaMemset(memory_.get(), 1, bytes_ * kBuffers));
+  if (smem_bytes_ > 0)
+    CUDA_CHECK(cudaFuncSetAttribute(standin_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes_));
+  CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+void StandIn::enqueue(cudaStream_t stream, int i) const {
+  uint32_t* sink = nullptr;
+  CUDA_CHECK(cudaGetSymbolAddress(reinterpret_cast<void**>(&sink), g_read_sink));
+  kernels::LaunchShape shape;
+  shape.grid = dim3(device_attribute(cudaDevAttrMultiProcessorCount));
+  shape.block = dim3(512);
+  shape.smem_bytes = smem_bytes_;
+  shape.enable_pdl = true;
+  kernels::launch(standin_kernel, shape, stream,
+                  reinterpret_cast<const uint4*>(memory_.as<char>() + bytes_ * (i % kBuffers)), bytes_ / 16, sink);
+}
+
+std::string StandIn::describe() const {
+  char buf[128];
+  std::snprintf(buf, sizeof buf, "a %.0f MiB stream (1 CTA/SM x 512 threads, %d KiB of shared memory each)",
+                bytes_ / 1048576.0, smem_bytes_ / 1024);
+  return buf;
 }
 
 double measure_hbm_read_TBps(size_t bytes, int repeats) {

@@ -98,6 +98,40 @@ class DeviceMemory {
   void* p_ = nullptr;
 };
 
+// The on-chip engine's copy pattern with nothing computed (a diagnostic: the
+// bound of onchip_mma at this tactic): grid (n / 16, S), cluster (1, S, 1),
+// the kernel's shared memory at the 8-token tile; one thread per CTA issues
+// every stage's 16 row copies before griddepcontrol.wait, each warp waits
+// for its stage after it, and the CTA leaves. With `pdl`, launched with
+// programmatic dependent launch like the GEMMs. Call prepare_onchip_stream()
+// once per device first (not under capture).
+void prepare_onchip_stream();
+void enqueue_onchip_stream(const void* w, int n, int k, int splits, int kw, int stage_warps, bool pdl,
+                           cudaStream_t stream);
+
+// A bandwidth-heavy predecessor standing in for the routed experts: each call
+// streams `bytes` of one of kBuffers distinct buffers (together more than the
+// L2), one CTA per SM holding `smem_bytes` of shared memory as an expert
+// GEMM's pipeline would (so a following kernel's CTAs find room on an SM only
+// as its CTA there leaves). Launched with programmatic dependent launch: it
+// calls griddepcontrol.wait first (a PDL kernel between two of ours must,
+// docs/design.md, "The Lamport mailbox protocol", ordering 6) and then lets
+// the next kernel launch, which is as early as an expert GEMM could.
+class StandIn {
+ public:
+  static constexpr int kBuffers = 4;
+  StandIn(size_t bytes, int smem_bytes);
+  // Call i's predecessor on `stream` (buffer i % kBuffers).
+  void enqueue(cudaStream_t stream, int i) const;
+  size_t bytes() const { return bytes_; }
+  std::string describe() const;
+
+ private:
+  size_t bytes_;
+  int smem_bytes_;
+  DeviceMemory memory_;
+};
+
 // Diagnostics: an empty kernel, and a plain streaming read of `bytes` (what
 // a GEMV could at best do with the same bytes, launch included).
 void enqueue_empty(cudaStream_t stream);

@@ -2,6 +2,7 @@
 #include <algorithm>
 
 #include "cuda_utils.h"
+#include "engines/onchip_mma.h"
 #include "engines/ring_mma.h"
 #include "engines/skinny.h"
 #include "engines/splitk_mma.h"
@@ -25,6 +26,7 @@ void check_gemm_operands(const void* w, const void* x, void* out, int n, int k, 
 struct PoolerGemm::Engines {
   std::optional<engines::SplitKMma> splitk;
   std::optional<engines::RingMma> ring;
+  std::optional<engines::OnchipMma> onchip;
 };
 
 void skinny_gemm(const PoolerGemmShape& shape, const void* w, const void* x, void* out, int n, int k, int m,
@@ -52,13 +54,14 @@ PoolerGemm::PoolerGemm(const TensorRef& weight, int tp, Options options)
   if (batches.empty())
     for (int b = 1; b <= kMaxBatch; ++b) batches.push_back(b);
   choice_.assign(kMaxBatch, std::nullopt);
-  std::vector<int> splitk_rows;
+  std::vector<int> splitk_rows, onchip_rows;
   bool ring = false;
   for (int b : batches) {
     SPARK_CHECK(b >= 1 && b <= kMaxBatch, "pooler GEMM: batch ", b, " outside [1, ", kMaxBatch, "]");
     const PoolerGemmChoice c = options.force ? *options.force : pooler_gemm_choice(n_, k_, tp, b);
     if (auto reason = pooler_choice_unsupported(n_, k_, b, c)) throw InvalidArgument(*reason);
     if (c.engine == GemmEngine::splitk_mma) splitk_rows.push_back(b);
+    if (c.engine == GemmEngine::onchip_mma) onchip_rows.push_back(b);
     ring |= c.engine == GemmEngine::ring_mma;
     choice_[b - 1] = c;
   }
@@ -78,6 +81,10 @@ PoolerGemm::PoolerGemm(const TensorRef& weight, int tp, Options options)
   detail::DeviceGuard guard(device_);
   if (!splitk_rows.empty()) engines_->splitk.emplace(weight_, n_, k_, device_, tactic, enable_pdl_, splitk_rows);
   if (ring) engines_->ring.emplace(weight_, n_, k_, device_, enable_pdl_);
+  // (pooler_choice_unsupported checked the on-chip tactic above.)
+  if (!onchip_rows.empty())
+    engines_->onchip.emplace(weight_, n_, k_, device_, onchip_tactic(PlanOp::pooler, n_, k_), enable_pdl_,
+                             onchip_rows);
   // Load the skinny kernels now: never lazily under capture.
   for (int b : batches)
     if (choice_[b - 1]->engine == GemmEngine::skinny) engines::prepare_skinny(choice_[b - 1]->shape, b);
@@ -100,6 +107,7 @@ void PoolerGemm::launch(const void* x, void* out, int m, bool publish, cudaStrea
   switch (c.engine) {
     case GemmEngine::splitk_mma: engines_->splitk->launch(x, out, m, into, nullptr, stream); break;
     case GemmEngine::ring_mma: engines_->ring->launch(x, out, m, into, stream); break;
+    case GemmEngine::onchip_mma: engines_->onchip->launch(x, out, m, into, nullptr, stream); break;
     case GemmEngine::skinny:
       engines::launch_skinny(c.shape, weight_, x, out, n_, k_, m, enable_pdl_, into, stream);
       break;

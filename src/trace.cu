@@ -19,6 +19,7 @@ const char* kernel_name(uint16_t kernel) {
     case kGather: return "gather";
     case kGatherNorm: return "gather_norm";
     case kRingMma: return "ring_mma";
+    case kOnchipMma: return "onchip_mma";
     default: return "unknown";
   }
 }

@@ -1,7 +1,8 @@
-// The Unpooler: validation, then the split-K MMA engine.
+// The Unpooler: validation, then the split-K or the on-chip MMA engine.
 #include <algorithm>
 
 #include "cuda_utils.h"
+#include "engines/onchip_mma.h"
 #include "engines/splitk_mma.h"
 #include "spark_decode/error.h"
 #include "spark_decode/mailbox.h"
@@ -12,7 +13,16 @@ namespace spark_decode {
 
 SplitKTactic unpooler_tactic(int n, int k) { return splitk_tactic(PlanOp::unpooler, n, k); }
 
-std::optional<std::string> Unpooler::unsupported(const TensorRef& weight, const SplitKTactic& tactic) {
+GemmEngine unpooler_engine(int n, int k) {
+  if (const int tp = model_tp(PlanOp::unpooler, n, k))
+    if (const PlanRow* row = plan_row(PlanOp::unpooler, tp, 1)) return row->engine;
+  return GemmEngine::splitk_mma;
+}
+
+namespace {
+
+// The weight's own conditions, whatever the engine.
+std::optional<std::string> shard_unsupported(const TensorRef& weight) {
   if (weight.ndim != 2) return detail::concat("unpooler shard must be 2-D, got ", weight.describe());
   const int64_t n = weight.shape[0], k = weight.shape[1];
   if (weight.dtype != DType::bf16 || !weight.is_contiguous() || !weight.is_aligned(16) || n % kSplitKTileN ||
@@ -21,12 +31,27 @@ std::optional<std::string> Unpooler::unsupported(const TensorRef& weight, const 
                           ": needs a contiguous, 16-byte aligned BF16 [N, K] with N % ", kSplitKTileN, " == 0");
   if (weight.device < 0) return detail::concat("unpooler shard ", weight.describe(), ": needs device memory");
   if (n > (1 << 30) || k > (1 << 30)) return detail::concat("unpooler shard ", weight.describe(), " too large");
-  return launch_unsupported(static_cast<int>(n), static_cast<int>(k), tactic);
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<std::string> Unpooler::unsupported(const TensorRef& weight, const SplitKTactic& tactic) {
+  if (auto why = shard_unsupported(weight)) return why;
+  return launch_unsupported(static_cast<int>(weight.shape[0]), static_cast<int>(weight.shape[1]), tactic);
+}
+
+std::optional<std::string> Unpooler::unsupported(const TensorRef& weight, const OnchipTactic& tactic) {
+  if (auto why = shard_unsupported(weight)) return why;
+  return onchip_unsupported(static_cast<int>(weight.shape[0]), static_cast<int>(weight.shape[1]), tactic);
 }
 
 std::optional<std::string> Unpooler::unsupported(const TensorRef& weight) {
   if (weight.ndim != 2) return unsupported(weight, SplitKTactic{});
-  return unsupported(weight, unpooler_tactic(static_cast<int>(weight.shape[0]), static_cast<int>(weight.shape[1])));
+  const int n = static_cast<int>(weight.shape[0]), k = static_cast<int>(weight.shape[1]);
+  if (unpooler_engine(n, k) == GemmEngine::onchip_mma)
+    return unsupported(weight, spark_decode::onchip_tactic(PlanOp::unpooler, n, k));
+  return unsupported(weight, unpooler_tactic(n, k));
 }
 
 Unpooler::Unpooler(const TensorRef& weight, Options options)
@@ -35,8 +60,13 @@ Unpooler::Unpooler(const TensorRef& weight, Options options)
     n_ = static_cast<int>(weight.shape[0]);
     k_ = static_cast<int>(weight.shape[1]);
   }
+  engine_kind_ = options.engine ? *options.engine : unpooler_engine(n_, k_);
+  SPARK_CHECK(engine_kind_ == GemmEngine::splitk_mma || engine_kind_ == GemmEngine::onchip_mma,
+              "the unpooler runs splitk_mma or onchip_mma, not ", engine_name(engine_kind_));
   tactic_ = options.tactic ? *options.tactic : unpooler_tactic(n_, k_);
-  if (auto reason = unsupported(weight, tactic_)) throw InvalidArgument(*reason);
+  onchip_ = options.onchip ? *options.onchip : spark_decode::onchip_tactic(PlanOp::unpooler, n_, k_);
+  const bool onchip = engine_kind_ == GemmEngine::onchip_mma;
+  if (auto reason = onchip ? unsupported(weight, onchip_) : unsupported(weight, tactic_)) throw InvalidArgument(*reason);
   mailbox_ = options.mailbox;
   if (mailbox_) {
     SPARK_CHECK(mailbox_->width() == n_, "mailbox width ", mailbox_->width(), " != unpooler N ", n_);
@@ -62,7 +92,15 @@ Unpooler::Unpooler(const TensorRef& weight, Options options)
   for (int m : rows) SPARK_CHECK(m >= 1 && m <= max_m_, "rows: ", m, " outside 1..", max_m_);
   detail::require_sm90(device_, "the unpooler GEMM");
   detail::DeviceGuard guard(device_);
-  engine_ = std::make_unique<engines::SplitKMma>(weight_, n_, k_, device_, tactic_, enable_pdl_, rows);
+  if (engine_kind_ == GemmEngine::onchip_mma)
+    onchip_engine_ = std::make_unique<engines::OnchipMma>(weight_, n_, k_, device_, onchip_, enable_pdl_, rows);
+  else
+    engine_ = std::make_unique<engines::SplitKMma>(weight_, n_, k_, device_, tactic_, enable_pdl_, rows);
+}
+
+std::string Unpooler::describe() const {
+  return std::string(engine_name(engine_kind_)) + " " +
+         (engine_kind_ == GemmEngine::onchip_mma ? onchip_.to_string() : tactic_.to_string());
 }
 
 Unpooler::~Unpooler() = default;
@@ -82,6 +120,7 @@ bool Unpooler::prepared(int tile, int row_tiles) const {
   SPARK_CHECK((tile == 8 || tile == 16) &&
                   std::find(kSplitKRowTiles.begin(), kSplitKRowTiles.end(), row_tiles) != kSplitKRowTiles.end(),
               "no unpooler kernel for token tile ", tile, " and ", row_tiles, " row tiles (tiles 8, 16; row tiles 1, 2)");
+  if (onchip_engine_) return row_tiles == 1 && onchip_engine_->prepared(tile);
   return engine_->prepared(tile, row_tiles);
 }
 
@@ -98,16 +137,25 @@ void Unpooler::run(const void* x, void* out, int m, cudaStream_t stream) {
     detail::require_disjoint(x, x_bytes, mb, mb_bytes, "x may not overlap the mailbox");
   }
   if (ticket_) detail::require_disjoint(out, out_bytes, ticket_, sizeof(int32_t), "out may not overlap the ticket");
-  const int tile = tactic_.token_tile[m - 1], row_tiles = tactic_.row_tiles[m - 1];
-  if (!engine_->prepared(tile, row_tiles)) {
+  const bool onchip = onchip_engine_ != nullptr;
+  const int tile = onchip ? onchip_.token_tile[m - 1] : tactic_.token_tile[m - 1];
+  const int row_tiles = onchip ? 1 : tactic_.row_tiles[m - 1];
+  if (!prepared(tile, row_tiles)) {
     SPARK_CHECK(!detail::is_capturing(stream), "the kernel for m=", m, " (token tile ", tile, ", ", row_tiles,
                 " row tiles) was not prepared at construction (rows), and cannot be under CUDA graph capture");
     detail::DeviceGuard guard(device_);
-    engine_->prepare(tile, row_tiles);
+    if (onchip)
+      onchip_engine_->prepare(tile);
+    else
+      engine_->prepare(tile, row_tiles);
   }
   detail::require_current_device(device_, "the unpooler");
   if (mailbox_) mailbox_->check();
-  engine_->launch(x, out, m, mailbox_ ? &mailbox_->view() : nullptr, ticket_, stream);
+  const MailboxView* into = mailbox_ ? &mailbox_->view() : nullptr;
+  if (onchip)
+    onchip_engine_->launch(x, out, m, into, ticket_, stream);
+  else
+    engine_->launch(x, out, m, into, ticket_, stream);
 }
 
 void Unpooler::run(const TensorRef& x, const TensorRef& out, cudaStream_t stream) {

@@ -3,7 +3,9 @@
 before its griddepcontrol.wait: the GEMMs stream weights there (the design's
 rule: weights are loaded before griddepcontrol.wait, activations after;
 docs/design.md, "Engines") and read nothing else; no
-kernel touches mailbox memory or stage words there (no strong load, no store).
+kernel touches mailbox memory or stage words there (no strong load, no store);
+the on-chip engine, whose weights go to shared memory by bulk copies, does
+nothing there but those copies and its mbarriers' setup (BULK_BEFORE_WAIT).
 That the mailbox kernels use no local memory (NO_LOCAL_LOADS). And two
 orders that a measured speed depends on: x loads ahead of the weight
 copies (X_BEFORE_COPIES), and the fused consumer's two launch points
@@ -39,6 +41,8 @@ KERNELS = {
     "18skinny_gemm_kernel": (2, True),
     # The ring engine's weights go to shared memory by cp.async (LDGSTS).
     "15ring_mma_kernel": (2, True),
+    # The on-chip engine loads nothing before the wait (BULK_BEFORE_WAIT).
+    "17onchip_mma_kernel": (0, False),
     # The fused consumer reads its norm weight (a parameter) before the wait.
     "18gather_norm_kernel": (2, False),
     # The mailbox's own kernels read nothing before it.
@@ -91,6 +95,48 @@ def x_after_copies(code, wait):
         else:
             group.append(ins)
     return group if any(is_x(g) for g in group) else None
+
+
+# Kernels whose whole weight slice goes to shared memory by bulk copies
+# (cp.async.bulk, SASS UBLKCP) before griddepcontrol.wait, with at least this
+# many copies there (one stage: 16 rows): before the wait they may do only
+# that, the mbarriers' setup (SYNCS.EXCH init, SYNCS.ARRIVE expect_tx, the
+# init fence), block and cluster barriers and arithmetic. No load from memory
+# (x is the previous grid's; constants and a thread's own spills aside), no
+# store (a spill aside), no wait on an mbarrier and no MMA: everything that
+# uses the data comes after the wait, so that the copies are all the CTA
+# issues while the previous grid drains (docs/perf/onchip.md).
+BULK_BEFORE_WAIT = {"17onchip_mma_kernel": 16}
+
+_LOADS = {"LDG", "LD", "LDS", "LDSM", "LDGSTS", "LDGDEPBAR"}
+_STORES = {"STG", "ST", "STS", "STAS", "RED", "ATOM", "ATOMG", "ATOMS"}
+
+
+def opcode(ins):
+    """An instruction's opcode without its predicate and modifiers
+    ("@!P0 LDG.E.128 R4, ..." -> "LDG")."""
+    text = re.sub(r"^@!?U?P[T0-9]+\s+", "", ins.strip())
+    return text.split()[0].split(".")[0] if text else ""
+
+
+def bulk_head_violations(head, min_copies):
+    """What the code before the wait (`head`) does beyond bulk copies and
+    mbarrier setup: a list of reasons, empty where it keeps to them."""
+    out = []
+    copies = sum(1 for ins in head if opcode(ins) == "UBLKCP")
+    if copies < min_copies:
+        out.append(f"{copies} bulk copies (UBLKCP) before griddepcontrol.wait, want >= {min_copies}")
+    for ins in head:
+        op = opcode(ins)
+        if op in _LOADS:
+            out.append("a load before griddepcontrol.wait: " + ins)
+        elif op in _STORES:
+            out.append("a store before griddepcontrol.wait: " + ins)
+        elif op == "SYNCS" and "PHASECHK" in ins:
+            out.append("an mbarrier wait before griddepcontrol.wait: " + ins)
+        elif op.startswith("HMMA"):
+            out.append("an MMA before griddepcontrol.wait: " + ins)
+    return out
 
 
 # Kernels with two griddepcontrol.launch_dependents (SASS PREEXIT), chosen
@@ -179,6 +225,9 @@ def main(objects):
                                     + next(ins for ins in loads if ".STRONG" in ins))
                 if stores:
                     failures.append(f"{cubin} {fn}: a store before griddepcontrol.wait: {stores[0]}")
+                bulk = next((n for frag, n in BULK_BEFORE_WAIT.items() if frag in fn), None)
+                if bulk is not None:
+                    failures.extend(f"{cubin} {fn}: {why}" for why in bulk_head_violations(head, bulk))
                 # (sm_90a only: the order was measured there, not on sm_100a.)
                 if (any(frag in fn for frag in X_BEFORE_COPIES) and "sm_90" in cubin
                         and x_after_copies(code, waits[0]) is not None):

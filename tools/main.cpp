@@ -202,6 +202,10 @@ int main(int argc, char** argv) {
                            "zero-copy publish + gather against plain + publish and cuBLAS + NCCL (--publish-tp GPUs)");
   bench_unpooler->add_option("--publish-tp", publish_tp, "GPUs for --publish");
   bench_unpooler->add_option("--trace", opts.trace, "path prefix of per-CTA timelines (a -DSPARK_DECODE_TRACE=ON build)");
+  bench_unpooler->add_option("--standin-mib", opts.standin_mib,
+                             "MiB the routed-expert stand-in streams before each call (mode after_stream; 0: off)");
+  bench_unpooler->add_option("--standin-smem-kib", opts.standin_smem_kib,
+                             "shared memory the stand-in holds per SM (KiB)");
   sd::bench::GatherBenchOptions gather_opts;
   gather_opts.out_dir = opts.out_dir;
   auto* bench_gather = bench->add_subcommand("gather", "mailbox publish + gather against ncclAllGather (tp GPUs)");
@@ -221,7 +225,7 @@ int main(int argc, char** argv) {
     c->add_option("--tp", pooler_opts.tps, "tp of Pooler.run vs stock")->delimiter(',');
     c->add_option("--gemm-tp", pooler_opts.gemm_tps, "tp of the GEMM sweep")->delimiter(',');
     c->add_option("--b", pooler_opts.bs, "batch sizes")->delimiter(',');
-    c->add_option("--engines", pooler_opts.engines, "GEMM sweep: engines by name prefix (table, mma, ring, skinny)")
+    c->add_option("--engines", pooler_opts.engines, "GEMM sweep: engines by name prefix (table, splitk, ring, onchip, skinny)")
         ->delimiter(',');
     c->add_option("--run-engines", pooler_opts.run_engines,
                   "Pooler.run also on each of these engines (name prefix), besides the table's choice")
@@ -229,6 +233,9 @@ int main(int argc, char** argv) {
     c->add_option("--repeats", pooler_opts.repeats, "graph replays per figure (median)");
     c->add_option("--out", pooler_opts.out_dir, out_help);
     c->add_option("--trace", pooler_opts.trace, "path prefix of per-CTA timelines (a -DSPARK_DECODE_TRACE=ON build)");
+    c->add_option("--standin-mib", pooler_opts.standin_mib,
+                  "MiB the routed-expert stand-in streams before each GEMM call (mode after_stream; 0: off)");
+    c->add_option("--standin-smem-kib", pooler_opts.standin_smem_kib, "shared memory the stand-in holds per SM (KiB)");
   }
   auto* profile = app.add_subcommand("profile", "a few eager calls of one kernel, to run under ncu");
   profile->require_subcommand(1);
@@ -236,6 +243,9 @@ int main(int argc, char** argv) {
   tune_unpooler->add_flag("--pooler-shapes", opts.pooler_shapes,
                           "the pooler GEMM's shapes (N = P/tp, K = H) that the MMA engine serves");
   tune_unpooler->add_flag("--pdl", opts.pdl, "time each tactic in a PDL chain (mode pdl_chain), not with PDL off");
+  tune_unpooler->add_flag("--onchip", opts.onchip, "the on-chip engine's tactics instead of the split-K engine's");
+  tune_unpooler->add_option("--stage-warps", opts.stage_warps, "--onchip: only these warps per copy stage")
+      ->delimiter(',');
   for (CLI::App* c : {tune_unpooler, profile_unpooler}) {
     c->add_option("--splits", opts.splits, "only these S")->delimiter(',');
     c->add_option("--kw", opts.kws, "only these kw")->delimiter(',');
@@ -282,7 +292,23 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*tactics) {
-      std::printf("%s%s", json ? tactics_json().c_str() : sd::format_plan_table().c_str(), json ? "\n" : "");
+      if (json) {
+        std::printf("%s\n", tactics_json().c_str());
+        return 0;
+      }
+      std::printf("%s", sd::format_plan_table().c_str());
+      // The on-chip engine's tactic at each model shape (not in the table:
+      // what Unpooler::Options::engine and PoolerGemm::Options::force run).
+      std::printf("on-chip engine (onchip_mma, forced), its tactic per model shape:\n");
+      for (sd::PlanOp op : {sd::PlanOp::unpooler, sd::PlanOp::pooler})
+        for (int tp : sd::kTensorParallelSizes) {
+          const bool un = op == sd::PlanOp::unpooler;
+          const int n = (un ? sd::kMuseSpark.hidden : sd::kMuseSpark.pooled) / tp;
+          const int k = un ? sd::kMuseSpark.pooled : sd::kMuseSpark.hidden;
+          const auto t = sd::onchip_tactic(op, n, k);
+          std::printf("  %s tp %d [%d, %d] -> %s stage_warps=%d, %d CTAs\n", sd::op_name(op), tp, n, k,
+                      t.to_string().c_str(), t.stage_warps_for(k), n / sd::kSplitKTileN * t.splits);
+        }
       return 0;
     }
     if (*verify) {

@@ -35,8 +35,11 @@ namespace spark_decode {
 //   ring_mma    weights through per-warp rings of shared-memory stages filled
 //               by cp.async, one CTA per SM walking 32-row tiles;
 //   skinny      a CUDA-core skinny GEMM with the launch shape (block_size,
-//               outputs_per_block, k_unroll).
-enum class GemmEngine { splitk_mma, ring_mma, skinny };
+//               outputs_per_block, k_unroll);
+//   onchip_mma  the split-K engine's decomposition and sum, with every weight
+//               byte of a CTA copied into its shared memory by bulk copies
+//               before griddepcontrol.wait (small shards: tp 4, tp 8).
+enum class GemmEngine { splitk_mma, ring_mma, skinny, onchip_mma };
 const char* engine_name(GemmEngine engine);
 
 // Rows of W per split-K CTA row tile (the MMA's M) and K per 16-byte load
@@ -100,6 +103,69 @@ std::optional<std::string> launch_unsupported(int n, int k, int splits, int kw, 
 // tiles (1; or 2 where N % 32 == 0, accs <= 2 and the partials fit).
 std::optional<std::string> launch_unsupported(int n, int k, const SplitKTactic& tactic);
 
+// Launch shape of the on-chip MMA engine (src/kernels/gemm/onchip_mma.cuh):
+// the split-K engine's decomposition (grid (N / 16, S), cluster (1, S, 1),
+// CTA (t, s) owning rows [16t, 16t + 16) and K slice [s K / S, (s + 1) K /
+// S), warp w of it the kw consecutive K from s K / S + w kw), with the CTA's
+// whole weight slice copied into its shared memory before
+// griddepcontrol.wait. The copies are `stages` groups of one bulk copy per
+// row, stage q holding the K of warps [q G, (q + 1) G), G = stage_warps;
+// a warp multiplies as soon as its stage has landed.
+//
+// Its sum is the split-K engine's: each warp's MMA steps in K order into
+// accumulator set step % accs, the sets in order, then the K / kw warp
+// partials in K order at cluster rank 0. That order depends on (K, kw, accs)
+// only, not on S (a partial's place in the sum is its K chunk, whichever CTA
+// computed it), so at the split-K tactic's kw and accs this engine gives the
+// split-K engine's bits at any S (docs/design.md, "Engines"; tested).
+struct OnchipTactic {
+  int splits = 1;  // S: CTAs of one cluster splitting K
+  int kw = 256;    // consecutive K per warp
+  int accs = 1;    // independent accumulator sets per warp
+  // token_tile[m - 1]: the token tile (8 or 16) that serves a batch of m.
+  std::array<int, kMaxBatch> token_tile = {8, 8, 8, 8, 8, 8, 8, 8, 16, 16, 16, 16, 16, 16, 16, 16};
+  // Clusters (S > 1) launched with the load-balancing scheduling policy.
+  bool cluster_balance = false;
+  // Warps per copy stage (G, a power of two dividing the warps per CTA):
+  // each stage is 16 bulk copies of G kw consecutive K. Fewer, larger copies
+  // cost the one issuing thread less and stream better; more stages let the
+  // first warps multiply sooner. 0: the default, copies of at least
+  // kOnchipCopyBytes where the warps allow.
+  int stage_warps = 0;
+
+  int warps(int k) const { return k / (splits * kw); }
+  // stage_warps, with 0 resolved to the default for K = k.
+  int stage_warps_for(int k) const;
+  std::string to_string() const;
+  // Written out for C++17 consumers (see SplitKTactic).
+  bool operator==(const OnchipTactic& o) const {
+    return splits == o.splits && kw == o.kw && accs == o.accs && token_tile == o.token_tile &&
+           cluster_balance == o.cluster_balance && stage_warps == o.stage_warps;
+  }
+  bool operator!=(const OnchipTactic& o) const { return !(*this == o); }
+};
+static_assert(sizeof(OnchipTactic) == 3 * sizeof(int) + kMaxBatch * sizeof(int) + 2 * sizeof(int),  // bool padded
+              "a field was added to OnchipTactic: add it to operator== too");
+
+// The compiled on-chip kernels: kw in kOnchipKws, accs 1..kOnchipMaxAccs,
+// token tiles 8 and 16, at most kOnchipMaxWarps warps per CTA.
+inline constexpr std::array<int, 2> kOnchipKws = {128, 256};
+inline constexpr int kOnchipMaxAccs = 2;
+inline constexpr int kOnchipMaxWarps = 16;
+// The default tactic's grid: the least S that gives at least this many CTAs
+// (about one per SM of an H100 / H200, 132 SMs) where one fits.
+inline constexpr int kOnchipTargetCtas = 128;
+// The default copy: G kw BF16 of one row, at least this many bytes.
+inline constexpr int kOnchipCopyBytes = 2048;
+
+// Why the on-chip engine cannot run [n, k] at `tactic`, or nullopt: n % 16,
+// S in {1, 2, 4, 8}, the compiled kw and accs, K = S x warps x kw with 1..16
+// warps, stage_warps a power of two dividing the warps, token tiles 8 or 16 covering each
+// m, and the CTA's stages, partials and header within the shared memory of a
+// block (kMaxSmemPerBlock; the device's own limit is checked at
+// construction).
+std::optional<std::string> onchip_unsupported(int n, int k, const OnchipTactic& tactic);
+
 // Launch shape of the skinny GEMM: block_size threads per CTA over K,
 // outputs_per_block columns per CTA, k_unroll 16-byte weight vectors per
 // thread and output loaded together (one chunk).
@@ -151,6 +217,8 @@ struct PlanRow {
   // balance and row swizzle for the shape, the token tile and row tiles for
   // these b. Filled in every row, also where another engine serves: they are
   // what the split-K engine runs when a caller forces it (benchmarks, tests).
+  // Where the row names onchip_mma, its S, kw, accs, token tile and cluster
+  // balance are the on-chip engine's (the same reduction order at any S).
   int splits, kw, accs, token_tile, row_tiles;
   bool cluster_balance, row_swizzle;
   PublishRoute publish;
@@ -180,6 +248,13 @@ int model_tp(PlanOp op, int n, int k);
 // [n, k] is a model shape, else a valid default (or, for a shape no tactic
 // can run, one whose launch_unsupported() says why).
 SplitKTactic splitk_tactic(PlanOp op, int n, int k);
+// The on-chip tactic for an [n, k] weight of `op`: the table's rows where
+// [n, k] is a model shape and they name onchip_mma; otherwise the kw and accs
+// of splitk_tactic(op, n, k) (so the same bits as the split-K engine) where
+// compiled, with the least S giving kOnchipTargetCtas CTAs that fits (else
+// the valid S with the most CTAs); for a shape nothing takes, one whose
+// onchip_unsupported() says why.
+OnchipTactic onchip_tactic(PlanOp op, int n, int k);
 // The table as text, one row per line, for logs and `spark-decode tactics`.
 std::string format_plan_table();
 

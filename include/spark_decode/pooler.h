@@ -53,7 +53,7 @@
 //   for each b must take [P/tp, H] (pooler_gemm.h: the skinny shape needs H
 //   % 8192 == 0, the split-K engine launch_unsupported's conditions on K =
 //   H, the ring engine P/tp % 32 == 0 and H % 1024 == 0 and 225 KiB of
-//   shared memory per block).
+//   shared memory per block, the on-chip engine onchip_unsupported's).
 //   Per call: the layer attached; x BF16 [b, H] contiguous 16-byte aligned on
 //   `device`, b one of `batches`; the device current on the calling thread;
 //   caller outputs of the layer's format and b (pooler_output_spec), on

@@ -4,7 +4,7 @@
 //
 // W this rank's [P / tp, H] rows of the pooler weight (N = P / tp, K = H),
 // 1 <= m <= 16. Served by one of the GEMM engines (spark_decode/plan.h:
-// splitk_mma, ring_mma, skinny), the plan table's for the model's shapes: one
+// splitk_mma, ring_mma, skinny, onchip_mma), the plan table's for the model's shapes: one
 // engine for every b of a shape, so that each is bitwise reproducible and
 // batch invariant (docs/design.md, "Exact semantics"). The engines sum in
 // different orders, so a forced engine (Options::force) gives other last
@@ -16,7 +16,9 @@
 //        split-K launch_unsupported(N, K, tactic); ring N % kRingRows == 0,
 //        K % kRingKMultiple == 0 and 225 KiB of shared memory per CTA
 //        (RuntimeError where the device has less); skinny
-//        pooler_gemm_unsupported;
+//        pooler_gemm_unsupported; on-chip onchip_unsupported(N, K,
+//        onchip_tactic(PlanOp::pooler, N, K)) (RuntimeError where the
+//        device's shared memory or clusters cannot take it);
 //   x    BF16 [m, K] contiguous 16-byte aligned on W's device;
 //   out  BF16 [m, N] contiguous 16-byte aligned on W's device, not
 //        overlapping x; m one of the batches prepared at construction;
@@ -52,8 +54,9 @@ class LamportMailbox;
 class Pooler;
 
 // One engine of the pooler GEMM: the split-K MMA engine (at the plan table's
-// split-K tactic for the shape), the ring engine, or the skinny GEMM at a
-// compiled launch shape.
+// split-K tactic for the shape), the ring engine, the on-chip engine (at
+// onchip_tactic for the shape), or the skinny GEMM at a compiled launch
+// shape.
 struct PoolerGemmChoice {
   GemmEngine engine = GemmEngine::skinny;
   PoolerGemmShape shape;  // for skinny (ignored by the others)
@@ -65,7 +68,8 @@ struct PoolerGemmChoice {
 std::vector<PoolerGemmChoice> pooler_gemm_candidates();
 // Why `choice` cannot serve [n, k] at m rows, or nullopt (split-K: nullopt;
 // its conditions are checked at construction; ring: its shape rules, the
-// device's shared memory at construction).
+// device's shared memory at construction; on-chip: onchip_unsupported at its
+// tactic).
 std::optional<std::string> pooler_choice_unsupported(int n, int k, int m, const PoolerGemmChoice& choice);
 // The engine that serves (tp, b): the plan table's for the model's shapes
 // (N = P / tp, K = H); for other shapes the compiled skinny shape where it

@@ -28,7 +28,8 @@ enum Kernel : uint16_t {
   kPublish = 3,          // LamportMailbox::publish
   kGather = 4,           // LamportMailbox::gather
   kGatherNorm = 5,       // the Pooler's fused gather + norm (+ NVFP4)
-  kRingMma = 6           // the ring MMA engine
+  kRingMma = 6,          // the ring MMA engine
+  kOnchipMma = 7         // the on-chip MMA engine (mark 0: warp 0's stage landed; 1: rank 0 has every partial)
 };
 const char* kernel_name(uint16_t kernel);
 

@@ -28,8 +28,12 @@
 // so results are bitwise reproducible and batch invariant (a row's result
 // does not depend on the other rows of the batch, nor on m).
 //
-// The engine: the split-K MMA engine (spark_decode/plan.h), at the plan
-// table's tactic for the model's shapes (N = H / tp, K = P).
+// The engine: the plan table's for the model's shapes (N = H / tp, K = P),
+// the split-K MMA engine elsewhere (spark_decode/plan.h), at its tactic;
+// Options::engine forces the split-K or the on-chip engine (onchip_mma,
+// whose checks are onchip_unsupported's, and which also throws
+// RuntimeError where the device's shared memory or clusters cannot take its
+// tactic). At the same kw and accs both give the same bits.
 //
 // Zero-copy publish (Options::mailbox; docs/design.md, "Zero-copy publish
 // and the ticket stage"): the epilogue also writes
@@ -62,17 +66,25 @@ namespace spark_decode {
 class LamportMailbox;
 namespace engines {
 class SplitKMma;
+class OnchipMma;
 }
 
 // The plan table's split-K tactic for an [n, k] unpooler weight (see
 // splitk_tactic); valid defaults for other shapes.
 SplitKTactic unpooler_tactic(int n, int k);
+// The engine that serves an [n, k] unpooler weight by default: the plan
+// table's where [n, k] is a model shape, else splitk_mma.
+GemmEngine unpooler_engine(int n, int k);
 
 class Unpooler {
  public:
   struct Options {
     bool enable_pdl = true;
-    std::optional<SplitKTactic> tactic;  // default: unpooler_tactic(N, K)
+    // The engine: splitk_mma or onchip_mma (default: unpooler_engine(N, K)).
+    std::optional<GemmEngine> engine;
+    std::optional<SplitKTactic> tactic;  // the split-K engine's; default: unpooler_tactic(N, K)
+    // The on-chip engine's; default: onchip_tactic(PlanOp::unpooler, N, K).
+    std::optional<OnchipTactic> onchip;
     // Row counts whose token tiles are prepared at construction (nullopt,
     // the default: all of 1..max_m; empty: none, as the Python binding's rows=()).
     // run() with another m prepares its tile then, which it refuses under
@@ -106,6 +118,7 @@ class Unpooler {
   // Why the GEMM cannot take `weight` at `tactic`, or nullopt: the
   // constructor's checks, which it raises as InvalidArgument.
   static std::optional<std::string> unsupported(const TensorRef& weight, const SplitKTactic& tactic);
+  static std::optional<std::string> unsupported(const TensorRef& weight, const OnchipTactic& tactic);
   static std::optional<std::string> unsupported(const TensorRef& weight);
 
   // out[m, N] = x[m, K] @ W^T on `stream`. x and out are device pointers to
@@ -119,9 +132,16 @@ class Unpooler {
   LamportMailbox* mailbox() const { return mailbox_; }
   int device() const { return device_; }
   bool enable_pdl() const { return enable_pdl_; }
+  GemmEngine engine() const { return engine_kind_; }
+  // The split-K tactic (what engine() == splitk_mma runs).
   const SplitKTactic& tactic() const { return tactic_; }
+  // The on-chip tactic (what engine() == onchip_mma runs).
+  const OnchipTactic& onchip_tactic() const { return onchip_; }
+  // The engine and its tactic, for logs and benchmark records.
+  std::string describe() const;
   // Whether the kernel for token tile `tile` (8 or 16) with `row_tiles`
-  // (1 or 2) is prepared; other values throw InvalidArgument.
+  // (1 or 2) is prepared; other values throw InvalidArgument. The on-chip
+  // engine has one row tile: false for 2.
   bool prepared(int tile, int row_tiles = 1) const;
 
  private:
@@ -131,8 +151,11 @@ class Unpooler {
   LamportMailbox* mailbox_ = nullptr;
   int32_t* ticket_ = nullptr;
   bool enable_pdl_;
+  GemmEngine engine_kind_ = GemmEngine::splitk_mma;
   SplitKTactic tactic_;
+  OnchipTactic onchip_;
   std::unique_ptr<engines::SplitKMma> engine_;
+  std::unique_ptr<engines::OnchipMma> onchip_engine_;
 };
 
 }  // namespace spark_decode

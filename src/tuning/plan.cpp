@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <sstream>
 
+#include "kernels/gemm/onchip_mma_config.h"
 #include "kernels/gemm/splitk_mma_config.h"
 #include "spark_decode/error.h"
 #include "spark_decode/plan.h"
@@ -16,6 +17,7 @@ const char* engine_name(GemmEngine engine) {
     case GemmEngine::splitk_mma: return "splitk_mma";
     case GemmEngine::ring_mma: return "ring_mma";
     case GemmEngine::skinny: return "skinny";
+    case GemmEngine::onchip_mma: return "onchip_mma";
   }
   return "?";
 }
@@ -120,6 +122,77 @@ std::optional<std::string> launch_unsupported(int n, int k, const SplitKTactic& 
   return std::nullopt;
 }
 
+// ---- the on-chip engine's launch shapes -----------------------------------------------
+
+int OnchipTactic::stage_warps_for(int k) const {
+  if (stage_warps > 0) return stage_warps;
+  // The least power-of-two divisor G of the warps whose copies (G kw BF16 of
+  // a row) reach kOnchipCopyBytes, else the largest: few copies for the one
+  // issuing thread, yet several stages, so that the first warps multiply
+  // while the last stages land.
+  const int w = kw > 0 && splits > 0 ? warps(k) : 0;
+  int g = 1;
+  while (w > 0 && w % (2 * g) == 0 && 2 * g * kw < kOnchipCopyBytes) g *= 2;
+  return g;
+}
+
+std::string OnchipTactic::to_string() const {
+  std::ostringstream os;
+  os << "S=" << splits << " kw=" << kw << " accs=" << accs << " tile16_from_m=";
+  int from = 0;
+  for (int m = 1; m <= kMaxBatch; ++m)
+    if (token_tile[m - 1] == 16) {
+      from = m;
+      break;
+    }
+  if (from)
+    os << from;
+  else
+    os << "never";
+  if (stage_warps > 0) os << " stage_warps=" << stage_warps;
+  if (cluster_balance && splits > 1) os << " cluster_balance";
+  return os.str();
+}
+
+std::optional<std::string> onchip_unsupported(int n, int k, const OnchipTactic& t) {
+  using detail::concat;
+  if (n <= 0 || n % kSplitKTileN)
+    return concat("on-chip MMA: N=", n, " is not a positive multiple of ", kSplitKTileN);
+  if (t.splits != 1 && t.splits != 2 && t.splits != 4 && t.splits != 8)
+    return concat("on-chip MMA: splits=", t.splits, " (S in 1, 2, 4, 8)");
+  if (std::find(kOnchipKws.begin(), kOnchipKws.end(), t.kw) == kOnchipKws.end() || t.accs < 1 ||
+      t.accs > kOnchipMaxAccs) {
+    std::ostringstream os;
+    os << "on-chip MMA: kw=" << t.kw << " accs=" << t.accs << " has no compiled kernel (kw:";
+    for (int c : kOnchipKws) os << " " << c;
+    os << "; accs 1.." << kOnchipMaxAccs << ")";
+    return os.str();
+  }
+  if (k <= 0 || k % (t.splits * t.kw))
+    return concat("on-chip MMA: K=", k, " does not split into ", t.splits, " x warps x ", t.kw);
+  const int warps = t.warps(k);
+  if (warps > kOnchipMaxWarps)
+    return concat("on-chip MMA: ", warps, " warps per CTA (K / (S kw)), more than ", kOnchipMaxWarps,
+                  ": take a larger S");
+  const int g = t.stage_warps_for(k);
+  if (g < 1 || (g & (g - 1)) || warps % g)
+    return concat("on-chip MMA: stage_warps=", t.stage_warps, " is not a power of two dividing the ", warps,
+                  " warps per CTA");
+  for (int m = 1; m <= kMaxBatch; ++m) {
+    const int tile = t.token_tile[m - 1];
+    if ((tile != 8 && tile != 16) || tile < m)
+      return concat("on-chip MMA: token tiles (", t.to_string(), ") do not cover M 1..", kMaxBatch, ": m=", m,
+                    " has tile ", tile);
+  }
+  // The largest tile the tactic uses sets the shared memory.
+  const int tile = *std::max_element(t.token_tile.begin(), t.token_tile.end());
+  const int smem = kernels::onchip::smem_bytes(k, t.splits, t.kw, tile);
+  if (smem > kernels::kMaxSmemPerBlock)
+    return concat("on-chip MMA: a CTA's ", 16 * (k / t.splits) * 2, " weight bytes, ", k / t.kw, " warp partials and ",
+                  "header need ", smem, " bytes of shared memory, more than ", kernels::kMaxSmemPerBlock);
+  return std::nullopt;
+}
+
 // ---- the skinny GEMM's and the ring's shapes --------------------------------------
 
 std::string PoolerGemmShape::to_string() const {
@@ -168,12 +241,14 @@ std::string PoolerGemmChoice::to_string() const {
     case GemmEngine::skinny: return shape.to_string();
     case GemmEngine::splitk_mma: return "splitk_mma";
     case GemmEngine::ring_mma: return "ring_mma";
+    case GemmEngine::onchip_mma: return "onchip_mma";
   }
   return "?";
 }
 
 std::vector<PoolerGemmChoice> pooler_gemm_candidates() {
-  std::vector<PoolerGemmChoice> out = {{GemmEngine::splitk_mma, {}}, {GemmEngine::ring_mma, {}}};
+  std::vector<PoolerGemmChoice> out = {
+      {GemmEngine::splitk_mma, {}}, {GemmEngine::ring_mma, {}}, {GemmEngine::onchip_mma, {}}};
   for (const auto& s : pooler_gemm_shapes()) out.push_back({GemmEngine::skinny, s});
   return out;
 }
@@ -187,6 +262,10 @@ std::optional<std::string> pooler_choice_unsupported(int n, int k, int m, const 
     if (k <= 0 || k % kRingKMultiple)
       return detail::concat("pooler GEMM ring engine: K = ", k, " is not a positive multiple of ", kRingKMultiple,
                             " (8 warps x ", kRingKMultiple / 8, " K)");
+  }
+  if (c.engine == GemmEngine::onchip_mma) {
+    if (auto why = batch_unsupported(m)) return why;
+    if (auto why = onchip_unsupported(n, k, onchip_tactic(PlanOp::pooler, n, k))) return "pooler GEMM: " + *why;
   }
   return std::nullopt;
 }
@@ -249,7 +328,58 @@ SplitKTactic tactic_of_rows(const PlanTable& table, PlanOp op, int tp) {
   return t;
 }
 
+// The on-chip tactic of the rows of (op, tp) in `table`.
+OnchipTactic onchip_of_rows(const PlanTable& table, PlanOp op, int tp) {
+  const SplitKTactic s = tactic_of_rows(table, op, tp);
+  OnchipTactic t;
+  t.splits = s.splits;
+  t.kw = s.kw;
+  t.accs = s.accs;
+  t.token_tile = s.token_tile;
+  t.cluster_balance = s.cluster_balance;
+  return t;
+}
+
+// The default on-chip tactic (see onchip_tactic): the split-K tactic's
+// reduction order where compiled, else every compiled one; at each, the
+// least S reaching kOnchipTargetCtas CTAs, else the valid S with the most.
+OnchipTactic default_onchip(int n, int k, const SplitKTactic& splitk) {
+  OnchipTactic t;
+  t.token_tile = splitk.token_tile;
+  std::vector<std::pair<int, int>> orders = {{splitk.kw, splitk.accs}};
+  for (int kw : {256, 128})
+    for (int accs = 1; accs <= kOnchipMaxAccs; ++accs) orders.push_back({kw, accs});
+  const int tiles = std::max(n / kSplitKTileN, 1);
+  for (const auto& [kw, accs] : orders) {
+    t.kw = kw;
+    t.accs = accs;
+    int best = 0;
+    for (int s : {1, 2, 4, 8}) {
+      t.splits = s;
+      if (onchip_unsupported(n, k, t)) continue;
+      best = s;
+      if (tiles * s >= kOnchipTargetCtas) break;
+    }
+    if (best) {
+      t.splits = best;
+      return t;
+    }
+  }
+  t.kw = splitk.kw;
+  t.accs = splitk.accs;
+  t.splits = 1;
+  return t;  // invalid: onchip_unsupported() says why
+}
+
 }  // namespace
+
+OnchipTactic onchip_tactic(PlanOp op, int n, int k) {
+  if (const int tp = model_tp(op, n, k)) {
+    const PlanRow* row = plan_row(op, tp, 1);
+    if (row && row->engine == GemmEngine::onchip_mma) return onchip_of_rows(plan_table(), op, tp);
+  }
+  return default_onchip(n, k, splitk_tactic(op, n, k));
+}
 
 const PlanTable& plan_table() {
   static const PlanTable table{"nvidia-h200", kH200Rows, static_cast<int>(std::size(kH200Rows))};
@@ -290,13 +420,16 @@ std::optional<std::string> plan_table_unsupported(const PlanTable& table) {
         if (row->cluster_balance != first->cluster_balance || row->row_swizzle != first->row_swizzle)
           return concat(table.machine, ": ", op_name(op), " tp ", tp,
                         " changes the cluster policy or row swizzle within the shape (b ", b, ")");
-        if (op == PlanOp::unpooler && row->engine != GemmEngine::splitk_mma)
-          return concat(table.machine, ": the unpooler runs the split-K engine only (tp ", tp, ")");
+        if (op == PlanOp::unpooler && row->engine != GemmEngine::splitk_mma && row->engine != GemmEngine::onchip_mma)
+          return concat(table.machine, ": the unpooler runs the split-K or the on-chip engine only (tp ", tp, ")");
       }
       const int full = op == PlanOp::unpooler ? kMuseSpark.hidden : kMuseSpark.pooled;
       const int depth = op == PlanOp::unpooler ? kMuseSpark.pooled : kMuseSpark.hidden;
       if (auto why = launch_unsupported(full / tp, depth, tactic_of_rows(table, op, tp)))
         return concat(table.machine, ": ", op_name(op), " tp ", tp, ": ", *why);
+      if (first->engine == GemmEngine::onchip_mma)
+        if (auto why = onchip_unsupported(full / tp, depth, onchip_of_rows(table, op, tp)))
+          return concat(table.machine, ": ", op_name(op), " tp ", tp, ": ", *why);
       if (op == PlanOp::pooler && first->engine != GemmEngine::splitk_mma)
         for (int b = 1; b <= kMaxBatch; ++b)
           if (auto why = pooler_choice_unsupported(full / tp, depth, b, {first->engine, {}}))
@@ -343,6 +476,9 @@ std::string format_plan_table() {
          << " rows=" << r.row_tiles * kSplitKTileN;
       if (r.cluster_balance && r.splits > 1) os << " cluster_balance";
       if (!r.row_swizzle) os << " unswizzled";
+    } else if (r.engine == GemmEngine::onchip_mma) {
+      os << " S=" << r.splits << " kw=" << r.kw << " accs=" << r.accs << " tile=" << r.token_tile;
+      if (r.cluster_balance && r.splits > 1) os << " cluster_balance";
     } else if (r.engine == GemmEngine::ring_mma) {
       os << " tile=" << (r.b_last <= 8 ? 8 : 16);
     }

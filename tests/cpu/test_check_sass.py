@@ -4,7 +4,8 @@ ahead of a group's weight copies pass; x loads behind or between them, a copy
 group with none, or x loads left after the last group fail; strong loads
 (mailbox state) and weight streams (.NA) are not x loads; groups without
 copies are not judged. The fused consumer's two launch points: one before
-the wait and one after its first polling load, or it fails."""
+the wait and one after its first polling load, or it fails. The on-chip
+engine's head: bulk copies and mbarrier setup only."""
 import os
 import sys
 import unittest
@@ -78,6 +79,42 @@ class LaunchPoints(unittest.TestCase):
         # The stage word's 4-byte strong load is not a poll.
         self.assertEqual(self.missing([X, self.EARLY, WAIT, "LDG.E.STRONG.SYS R40, desc[UR36][R4.64+0x4]",
                                        self.LATE, self.POLL]), "after the polls")
+
+
+class BulkBeforeWait(unittest.TestCase):
+    """The on-chip engine's rule (BULK_BEFORE_WAIT) on listings shaped like
+    its machine code: mbarrier init and fence, a block barrier, per stage an
+    expect_tx and 16 copies in ELECT loops, the cluster arrive, a spill."""
+    STAGE = (["SYNCS.ARRIVE.TRANS64 RZ, [UR31], R3"]
+             + ["@P0 ELECT P1, URZ, PT", "UBLKCP.S.G [UR30], [UR18], UR5, desc[UR24]",
+                "@P1 PLOP3.LUT P0, PT, P1, PT, PT, 0x8, 0x0", "@P0 BRA.U.ANY `(.L_x_296)"] * 16)
+    HEAD = (["LDC R1, c[0x0][0x28]", "ULDC UR8, c[0x0][0x24]", "S2R R16, SR_TID.X", "FENCE.VIEW.ASYNC.S",
+             "SYNCS.EXCH.64 URZ, [UR11], UR6", "BAR.SYNC.DEFER_BLOCKING 0x0"] + STAGE * 2
+            + ["STL [R1+0x8], R0", "UCGABAR_ARV"])
+
+    def test_copies_and_setup_pass(self):
+        self.assertEqual(check_sass.bulk_head_violations(self.HEAD, 16), [])
+
+    def test_too_few_copies_fail(self):
+        self.assertEqual(len(check_sass.bulk_head_violations(self.HEAD, 33)), 1)
+        no_copies = [i for i in self.HEAD if "UBLKCP" not in i]
+        self.assertIn("0 bulk copies", check_sass.bulk_head_violations(no_copies, 16)[0])
+
+    def test_loads_stores_waits_and_mmas_fail(self):
+        for bad in ("@!P1 LDG.E.128 R24, desc[UR36][R4.64]", "LDS.128 R4, [R53]", "STS.128 [R5+0x300], R8",
+                    "@!P0 STG.E.STRONG.SYS desc[UR36][R6.64+0x4], R5", "LDG.E.STRONG.SYS R4, desc[UR36][R4.64]",
+                    "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R46+URZ], R3", "HMMA.16816.F32.BF16 R48, R48, R24, RZ",
+                    "STAS.128 [R2.64], R8", "LDGSTS.E.BYPASS.128 [R1], desc[UR4][R2.64]"):
+            with self.subTest(bad=bad):
+                why = check_sass.bulk_head_violations(self.HEAD[:8] + [bad] + self.HEAD[8:], 16)
+                self.assertEqual(len(why), 1, why)
+                self.assertIn(bad, why[0])
+
+    def test_opcode(self):
+        self.assertEqual(check_sass.opcode("@!P0 LDG.E.128 R4, desc[UR4][R6.64]"), "LDG")
+        self.assertEqual(check_sass.opcode("@UP1 UIADD3 UR5, UR5, 0x1, URZ"), "UIADD3")
+        self.assertEqual(check_sass.opcode("@PT STL [R1], R52"), "STL")
+        self.assertEqual(check_sass.opcode("ACQBULK"), "ACQBULK")
 
 
 if __name__ == "__main__":

@@ -74,5 +74,6 @@ TEST(Trace, OffUnlessConfiguredAndSaysHow) {
   EXPECT_STREQ(sd::trace::kernel_name(sd::trace::kSplitKMma), "splitk_mma");
   EXPECT_STREQ(sd::trace::kernel_name(sd::trace::kGatherNorm), "gather_norm");
   EXPECT_STREQ(sd::trace::kernel_name(sd::trace::kRingMma), "ring_mma");
+  EXPECT_STREQ(sd::trace::kernel_name(sd::trace::kOnchipMma), "onchip_mma");
   EXPECT_STREQ(sd::trace::kernel_name(0), "unknown");
 }

@@ -123,18 +123,19 @@ TEST(PoolerGemmShapes, ChecksDivisibilityAndCompiledShapes) {
 
 TEST(PoolerGemmShapes, CandidatesNameEveryEngineAndShapeOnce) {
   const auto all = sd::pooler_gemm_candidates();
-  ASSERT_EQ(all.size(), 2 + sd::pooler_gemm_shapes().size());
+  ASSERT_EQ(all.size(), 3 + sd::pooler_gemm_shapes().size());
   EXPECT_EQ(all[0].engine, sd::GemmEngine::splitk_mma);
   EXPECT_EQ(all[1].engine, sd::GemmEngine::ring_mma);
-  for (size_t i = 2; i < all.size(); ++i) {
+  EXPECT_EQ(all[2].engine, sd::GemmEngine::onchip_mma);
+  for (size_t i = 3; i < all.size(); ++i) {
     EXPECT_EQ(all[i].engine, sd::GemmEngine::skinny);
-    EXPECT_EQ(all[i].shape, sd::pooler_gemm_shapes()[i - 2]);
+    EXPECT_EQ(all[i].shape, sd::pooler_gemm_shapes()[i - 3]);
   }
   // Names are distinct: benchmarks and results key on them.
   for (size_t i = 0; i < all.size(); ++i)
     for (size_t j = 0; j < i; ++j) EXPECT_NE(all[i].to_string(), all[j].to_string());
   // The skinny shape's own reasons; the MMA engine's are the Unpooler's, at construction.
-  const auto skinny = all[2];
+  const auto skinny = all[3];
   EXPECT_EQ(sd::pooler_choice_unsupported(2049, 8192, 1, skinny), sd::pooler_gemm_unsupported(2049, 8192, 1, skinny.shape));
   EXPECT_TRUE(sd::pooler_choice_unsupported(2049, 8192, 1, skinny));  // N odd
   EXPECT_FALSE(sd::pooler_choice_unsupported(2049, 8192, 1, all.front()));

@@ -1,8 +1,8 @@
 // Batch invariance at the model's shapes, every tp and every b, through the
-// plan table's engines: row i of a batch of b has the bits of row i of the
-// batch of 16 that shares its rows (docs/design.md, "The plan table": one
-// reduction order per shape). Every output element is poisoned first and
-// checked written; guard bytes around the outputs.
+// plan table's engines and the on-chip engine: row i of a batch of b has the
+// bits of row i of the batch of 16 that shares its rows (docs/design.md,
+// "The plan table": one reduction order per shape). Every output element is
+// poisoned first and checked written; guard bytes around the outputs.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -85,5 +85,37 @@ TEST(BatchInvariance, PoolerGemmAtEveryTpAndB) {
     for (const auto& f : check_every_b("pooler GEMM tp " + std::to_string(tp) + " (" + g.choice(1).to_string() + ")",
                                        n, k, [&](const void* x, void* out, int m) { g.run(x, out, m, nullptr); }))
       ADD_FAILURE() << f;
+  }
+}
+
+// The on-chip engine (not yet in the table) at every tp and b of both ops:
+// its own order, with m changing only which token columns are loaded.
+TEST(BatchInvariance, OnchipEngineAtEveryTpAndB) {
+  SKIP_WITHOUT_GPU(1);
+  for (int tp : sd::kTensorParallelSizes) {
+    for (bool unpooler : {true, false}) {
+      const int n = (unpooler ? sd::kMuseSpark.hidden : sd::kMuseSpark.pooled) / tp;
+      const int k = unpooler ? sd::kMuseSpark.pooled : sd::kMuseSpark.hidden;
+      const auto hw = random_bf16(size_t(n) * k, Dist::normal, -6);
+      GuardedBuffer w(hw.size() * 2);
+      w.upload(hw.data(), hw.size() * 2);
+      const auto weight = sd::TensorRef::contiguous(w.get(), sd::DType::bf16, {n, k}, 0);
+      const std::string what = std::string(unpooler ? "onchip unpooler tp " : "onchip pooler GEMM tp ") +
+                               std::to_string(tp);
+      std::vector<std::string> failures;
+      if (unpooler) {
+        sd::Unpooler::Options o;
+        o.engine = sd::GemmEngine::onchip_mma;
+        sd::Unpooler u(weight, o);
+        failures = check_every_b(what + " (" + u.describe() + ")", n, k,
+                                 [&](const void* x, void* out, int m) { u.run(x, out, m, nullptr); });
+      } else {
+        sd::PoolerGemm::Options o;
+        o.force = sd::PoolerGemmChoice{sd::GemmEngine::onchip_mma, {}};
+        sd::PoolerGemm g(weight, tp, o);
+        failures = check_every_b(what, n, k, [&](const void* x, void* out, int m) { g.run(x, out, m, nullptr); });
+      }
+      for (const auto& f : failures) ADD_FAILURE() << f;
+    }
   }
 }

@@ -290,9 +290,10 @@ bool throws_invalid(Fn fn) {
 // shard [P/tp, H]: the same out, the same bytes in the whole mailbox
 // allocation (data, stage words, guards), and the same gathered rows, whose
 // own block is out with -0.0 as +0.0. shard_n, k > 0: a weight of that
-// shape instead (engines that cannot serve it are skipped).
+// shape instead (engines that cannot serve it are skipped); `only`: that
+// engine alone.
 void gemm_publish_equals_run_plus_publish(sd::Group& group, int device, uint64_t seed, int shard_n = 0,
-                                          int shard_k = 0) {
+                                          int shard_k = 0, std::optional<sd::GemmEngine> only = std::nullopt) {
   const int tp = group.size(), rank = group.rank(), M = sd::kMaxBatch;
   const int n = shard_n > 0 ? shard_n : sd::kMuseSpark.pooled / tp;
   const int k = shard_k > 0 ? shard_k : sd::kMuseSpark.hidden;
@@ -335,6 +336,7 @@ void gemm_publish_equals_run_plus_publish(sd::Group& group, int device, uint64_t
   cudaStream_t stream;
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   for (const auto& engine : engines) {
+    if (only && (!engine || engine->engine != *only)) continue;
     const std::string what = engine ? engine->to_string() : std::string("table");
     // Guard bytes around both mailboxes' data and state: a fused store
     // outside its slot would change them (checked below, and compared).
@@ -430,6 +432,22 @@ TEST(PoolerGemmPublish, FusedEqualsRunPlusPublishTwoRanksOnOneGpu) {
   for (const auto& f :
        run_on_gpus(2, [&](sd::Group& g, int d) { gemm_publish_equals_run_plus_publish(g, d, seed); }, 1))
     ADD_FAILURE() << f;
+}
+
+// The on-chip engine's fused publish at the tp 4 and tp 8 shards (P/tp =
+// 1024, 512 at K = H; stores into 4 or 8 copies), ranks sharing one GPU:
+// host barriers separate publish and gather.
+TEST(PoolerGemmPublish, OnchipFusedEqualsRunPlusPublishAtTp4AndTp8OnOneGpu) {
+  SKIP_WITHOUT_GPU(1);
+  const uint64_t seed = test_seed("gemm publish onchip");
+  for (int tp : {4, 8})
+    for (const auto& f : run_on_gpus(
+             tp,
+             [&](sd::Group& g, int d) {
+               gemm_publish_equals_run_plus_publish(g, d, seed + tp, 0, 0, sd::GemmEngine::onchip_mma);
+             },
+             1))
+      ADD_FAILURE() << "tp " << tp << ": " << f;
 }
 
 TEST(PoolerFused, EqualsStockBitForBitOneGpu) {

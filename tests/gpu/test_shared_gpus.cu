@@ -81,3 +81,30 @@ TEST(SharedGpus, Tp2OnOneGpu) {
       },
       /*devices=*/1));
 }
+
+// The on-chip engine's zero-copy epilogue at the tp 4 and tp 8 widths (H/tp =
+// 2048, 1024; stores into 4 or 8 copies), ranks sharing one GPU. Host
+// barriers separate each step, so no rank spins on a peer that cannot be
+// scheduled (and the mailbox runs every kernel without PDL there).
+TEST(SharedGpus, OnchipZeroCopyUnpoolerAtTp4AndTp8OnOneGpu) {
+  SKIP_WITHOUT_GPU(1);
+  const uint64_t seed = test_seed("shared gpus onchip");
+  for (int tp : {4, 8}) {
+    const int n = sd::kMuseSpark.hidden / tp, k = sd::kMuseSpark.pooled;
+    expect_no_failures(run_on_gpus(
+        tp,
+        [&](sd::Group& g, int) {
+          publish_tests::zero_copy_equals_publish(g, n, k, seed + tp, std::nullopt, sd::GemmEngine::onchip_mma);
+        },
+        /*devices=*/1));
+  }
+  // A small shape whose default takes clusters of 8 one-warp CTAs (N = 48,
+  // K = 2048: S = 8): remote partials before the publishing epilogue.
+  EXPECT_EQ(sd::onchip_tactic(sd::PlanOp::unpooler, 48, 2048).splits, 8);
+  expect_no_failures(run_on_gpus(
+      2,
+      [&](sd::Group& g, int) {
+        publish_tests::zero_copy_equals_publish(g, 48, 2048, seed, std::nullopt, sd::GemmEngine::onchip_mma);
+      },
+      /*devices=*/1));
+}

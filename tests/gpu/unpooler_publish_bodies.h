@@ -122,9 +122,11 @@ struct ZeroCopyRank {
 // Zero-copy run vs plain run + the mailbox's own publish, every m in 1..16:
 // the same y, the same mailbox bytes and stage words after the publish, and
 // the same gathered rows, which are every rank's y.
-// `tactic`: both Unpoolers' (default: the table's).
+// `tactic`: both Unpoolers' (default: the table's); `engine`: both
+// Unpoolers' (default: the table's).
 inline void zero_copy_equals_publish(Group& g, int n, int k, uint64_t seed,
-                                     std::optional<SplitKTactic> tactic = std::nullopt) {
+                                     std::optional<SplitKTactic> tactic = std::nullopt,
+                                     std::optional<GemmEngine> engine = std::nullopt) {
   const int rank = g.rank(), tp = g.size(), dev = Rank::rank_device();
   Rank r(g, n, k, seed);
   // Guard bytes around both mailboxes' data and state, compared with the
@@ -136,8 +138,10 @@ inline void zero_copy_equals_publish(Group& g, int n, int k, uint64_t seed,
   Unpooler::Options zc, po;
   zc.mailbox = &a;
   zc.tactic = po.tactic = tactic;
+  zc.engine = po.engine = engine;
   Unpooler zero_copy(r.weight(), zc), plain(r.weight(), po);
   ZC_REQUIRE(zero_copy.max_m() == kMaxBatch, "max_m ", zero_copy.max_m());
+  ZC_REQUIRE(!engine || zero_copy.engine() == *engine, "the Unpooler runs ", engine_name(zero_copy.engine()));
   GuardedBuffer out_b(size_t(kMaxBatch) * n * 2), gathered_b(size_t(kMaxBatch) * n * tp * 2);
   std::mt19937_64 order(seed);
   std::vector<int> ms;

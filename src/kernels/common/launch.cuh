@@ -68,4 +68,15 @@ int max_active_clusters(void (*kernel)(Params...), const LaunchShape& shape) {
   return clusters;
 }
 
+// How many CTAs of this shape fit one SM at once (0: it cannot run).
+template <typename... Params>
+int max_active_blocks_per_sm(void (*kernel)(Params...), const LaunchShape& shape) {
+  int blocks = 0;
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, reinterpret_cast<const void*>(kernel),
+                                                           static_cast<int>(shape.block.x * shape.block.y *
+                                                                            shape.block.z),
+                                                           static_cast<size_t>(shape.smem_bytes)));
+  return blocks;
+}
+
 }  // namespace spark_decode::kernels

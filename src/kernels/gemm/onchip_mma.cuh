@@ -1,0 +1,239 @@
+// The on-chip MMA engine: out[m, N] = x[m, K] @ W[N, K]^T for m <= 16, for
+// shards small enough that every weight byte of a CTA fits its shared memory
+// (the deployed tp 4 and tp 8 shapes: 8-16 MiB over ~128 CTAs).
+//
+// Why: at these sizes the GEMM is latency-bound, not bandwidth-bound. The
+// split-K engine holds its weights in registers, so a CTA can have only
+// what its registers hold in flight, and under programmatic dependent launch
+// (PDL) only that much streams while the previous kernel finishes. Here the
+// CTA's whole weight slice (64-128 KiB at the model's shapes) is requested
+// with bulk copies into shared memory before griddepcontrol.wait; the copy
+// engine needs no register per byte, so all of it is in flight (and, where
+// two CTAs fit an SM, landed) while the previous kernel drains. Activations,
+// written by the previous grid, are read only after the wait, into registers
+// straight from L2 (they are tiny and every CTA reads them).
+//
+// Decomposition, the split-K engine's (splitk_mma.cuh): grid (N / 16, S),
+// cluster (1, S, 1); CTA (t, s) owns rows [16t, 16t + 16) and K slice
+// [s K / S, (s + 1) K / S); warp w owns the KW consecutive K from
+// s K / S + w KW. The copies: `stages` groups of 16 bulk copies (one per row
+// of G warps' K, G = stage_warps), issued by one thread in stage order, each
+// group completing on its own mbarrier, so the copy engine fetches them
+// roughly in that order and warp w multiplies as soon as stage w / G has
+// landed while later stages still stream (the arithmetic of the first stages
+// hides under the last ones' arrival). One issuing thread, not one per
+// stage: cp.async.bulk takes uniform operands, so a warp issues one copy at a
+// time whichever lanes hold them, and concurrent issuers would interleave
+// the stages, so that every stage would complete near the end.
+//
+// A fragments come from shared memory in the MMA's fragment order (lane
+// (g, t) reads 16 bytes of rows g and g + 8; onchip_mma_config.h lays rows
+// out so that these reads are bank-conflict-free), B from the registers x
+// was loaded into. The K permutation is the split-K engine's: lane (g, t)
+// holds 8 consecutive K of its rows and of token g as one 16-byte vector and
+// feeds K [8t, 8t + 4) to one MMA step and [8t + 4, 8t + 8) to the next, so
+// each MMA step sums exactly the products the split-K engine's step does.
+//
+// Determinism: the split-K engine's order, step for step: a warp's MMA steps
+// in K order into accumulator set step % ACCS, the sets summed 0..ACCS-1,
+// then the K / KW warp partials summed in K order by cluster rank 0. It
+// depends on (K, KW, ACCS) only (a partial's place in the sum is its K chunk,
+// whatever S), so this kernel gives splitk_mma's bits at the same kw and accs
+// (tested); a token's MMA column never mixes with another token's, so a row
+// does not depend on the batch.
+#pragma once
+
+#include <cstdint>
+#include <cuda_bf16.h>
+
+#include "kernels/common/ptx.cuh"
+#include "kernels/common/trace.cuh"
+#include "kernels/gemm/mma_fragment.cuh"
+#include "kernels/gemm/onchip_mma_config.h"
+
+namespace spark_decode::kernels {
+
+// stage_shift: log2 of G, the warps per copy stage (a power of two dividing
+// the CTA's warps: shifts, not divisions, on the way to a warp's stage).
+template <int KW, int ACCS, int TILE>
+__global__ void __launch_bounds__(onchip::kMaxThreads) onchip_mma_kernel(const GemmArgs args, const int stage_shift) {
+  SPARK_TRACE_CTA(kOnchipMma);
+  constexpr int kVecs = KW / kSplitKBlockK;  // 16-byte vectors per row per lane
+  constexpr int kNt = TILE / 8;                // n8 MMAs per step
+  constexpr int kPartial = onchip::partial_floats(TILE);
+  static_assert(KW % kSplitKBlockK == 0 && (2 * kVecs) % ACCS == 0);
+  static_assert(TILE == 8 || TILE == 16);
+  extern __shared__ __align__(128) unsigned char smem[];
+  const uint32_t bars = ptx::smem_addr(smem);  // stage q's mbarrier at bars + 8 q
+  const uint32_t partial_bar = bars + onchip::kPartialBar;
+  __nv_bfloat16* const y_tile = reinterpret_cast<__nv_bfloat16*>(smem + onchip::kHeaderBytes);
+  float* const partials = reinterpret_cast<float*>(smem + onchip::kPartialsOffset);
+  unsigned char* const stage0 = smem + onchip::stages_offset(args.k, KW, TILE);
+
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int warps = blockDim.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int split = blockIdx.y, splits = gridDim.y;
+  const int k_slice = args.k / splits;
+  const int feature0 = blockIdx.x * kSplitKTileN;
+  const int stages = warps >> stage_shift;
+  const int width = KW << stage_shift;  // K of one stage
+  const int stage_size = onchip::stage_bytes(width);
+
+  // Every mbarrier initialised before any thread uses one: the stages' (one
+  // arrival: the issuing thread's expect_tx; then the copies' bytes) and, at
+  // rank 0 of a cluster, the partials' (one arrival and the other CTAs'
+  // bytes). The fence makes the initialisation visible to the copy engine
+  // and to the cluster; the senders use rank 0's only after the cluster
+  // barrier below (a CTA not yet started has no shared memory).
+  if (threadIdx.x == 0) {
+    for (int q = 0; q < stages; ++q) ptx::mbarrier_init(bars + 8 * q, 1);
+    if (splits > 1 && split == 0) {
+      ptx::mbarrier_init(partial_bar, 1);
+      ptx::mbarrier_arrive_expect_tx(partial_bar, (splits - 1) * warps * kPartial * static_cast<int>(sizeof(float)));
+    }
+    ptx::fence_mbarrier_init_cluster();
+  }
+  __syncthreads();
+
+  // Weights first, all of them: they do not depend on the previous grid.
+  // Stage q, row r: K [s K / S + q width, + width) of row feature0 + r, into
+  // its row of stage q (onchip_mma_config.h: row_offset). Nothing else
+  // happens before the wait (tools/check_sass.py: bulk copies and mbarrier
+  // setup only).
+  if (threadIdx.x == 0) {
+    const uint64_t policy = ptx::l2_policy_evict_first();
+    const uint32_t bytes = onchip::row_bytes(width);
+    const __nv_bfloat16* src = args.w + static_cast<size_t>(feature0) * args.k + split * k_slice;
+    uint32_t dst = ptx::smem_addr(stage0);
+    for (int q = 0; q < stages; ++q, src += width, dst += stage_size) {
+      ptx::mbarrier_arrive_expect_tx(bars + 8 * q, 16 * bytes);
+#pragma unroll
+      for (int r = 0; r < 16; ++r)
+        ptx::bulk_copy_g2s(dst + onchip::row_offset(width, r), src + static_cast<size_t>(r) * args.k, bytes,
+                           bars + 8 * q, policy);
+    }
+  }
+  if (splits > 1) ptx::cluster_arrive_relaxed();
+
+  // x is written by the previous grid.
+  ptx::griddep_wait();
+  SPARK_TRACE_WAITED();
+  ptx::griddep_launch_dependents();
+
+  // The zero-copy publish's stage, read now so that its latency hides under
+  // the MMAs (as in the split-K engine); by the threads of rank 0 that store
+  // y (2 m of them, one per 8 features of a token).
+  uint32_t stage = 0;
+  if (args.publish.mode != mailbox_dev::Publish::kNone && split == 0 && threadIdx.x < 2 * args.m)
+    stage = mailbox_dev::publish_stage(args.publish, threadIdx.x == 0 && blockIdx.x == 0);
+
+  // This warp's x fragments, all of them at once: one L2 round trip, issued
+  // while its stage may still be landing. Tokens past m are zeros.
+  const int k_begin = split * k_slice + warp * KW + t * 8;
+  uint4 xv[kVecs][kNt];
+#pragma unroll
+  for (int v = 0; v < kVecs; ++v)
+#pragma unroll
+    for (int nt = 0; nt < kNt; ++nt) {
+      const int token = nt * 8 + g;
+      const __nv_bfloat16* const at = args.x + static_cast<size_t>(token) * args.k + k_begin + v * kSplitKBlockK;
+      xv[v][nt] = token < args.m ? ptx::ld_v4(at) : make_uint4(0, 0, 0, 0);
+    }
+
+  float acc[ACCS][kNt][4];
+#pragma unroll
+  for (int a = 0; a < ACCS; ++a)
+#pragma unroll
+    for (int nt = 0; nt < kNt; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[a][nt][i] = 0.0f;
+
+  // This warp's stage has landed (the wait acquires the copy engine's
+  // writes). Plain loads from here on: the wait's memory clobber keeps the
+  // compiler from moving them above it, and leaves it free to batch them.
+  const int q = warp >> stage_shift;
+  ptx::mbarrier_wait_parity(bars + 8 * q, 0);
+  const unsigned char* const mine_w =
+      stage0 + q * stage_size + (warp - (q << stage_shift)) * onchip::row_bytes(KW) + t * 16;
+  const unsigned char* const row_a = mine_w + onchip::row_offset(width, g);      // row g
+  const unsigned char* const row_b = mine_w + onchip::row_offset(width, g + 8);  // row g + 8
+  SPARK_TRACE_MARK(0, *reinterpret_cast<const uint32_t*>(row_a));  // warp 0's stage has landed
+#pragma unroll
+  for (int v = 0; v < kVecs; ++v) {
+    const uint4 wa = *reinterpret_cast<const uint4*>(row_a + v * 2 * kSplitKBlockK);
+    const uint4 wb = *reinterpret_cast<const uint4*>(row_b + v * 2 * kSplitKBlockK);
+    const int step = 2 * v;  // the MMA step of this vector's first half
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t a[4] = {word(wa, 2 * h), word(wb, 2 * h), word(wa, 2 * h + 1), word(wb, 2 * h + 1)};
+#pragma unroll
+      for (int nt = 0; nt < kNt; ++nt)
+        ptx::mma_m16n8k16_bf16(acc[(step + h) % ACCS][nt], a, word(xv[v][nt], 2 * h), word(xv[v][nt], 2 * h + 1));
+    }
+  }
+
+  // This warp's partial, reduced over its accumulator sets in order
+  // 0..ACCS-1, into slot (split * warps + warp) of rank 0's shared memory:
+  // its K chunk's place in the sum.
+  float part[kNt][4];
+#pragma unroll
+  for (int nt = 0; nt < kNt; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      part[nt][i] = acc[0][nt][i];
+#pragma unroll
+      for (int a = 1; a < ACCS; ++a) part[nt][i] += acc[a][nt][i];
+    }
+  float* mine = partials + (split * warps + warp) * kPartial + lane * 4;
+  if (split == 0) {
+#pragma unroll
+    for (int nt = 0; nt < kNt; ++nt)
+      *reinterpret_cast<float4*>(mine + nt * 32 * 4) = make_float4(part[nt][0], part[nt][1], part[nt][2], part[nt][3]);
+  } else {
+    ptx::cluster_wait_acquire();  // rank 0 has started and armed its mbarrier
+    const uint32_t remote_bar = ptx::map_cluster_addr(partial_bar, 0);
+    const uint32_t remote = ptx::map_cluster_addr(ptx::smem_addr(mine), 0);
+#pragma unroll
+    for (int nt = 0; nt < kNt; ++nt)
+      ptx::st_async_v4(remote + nt * 32 * 4 * sizeof(float), part[nt][0], part[nt][1], part[nt][2], part[nt][3],
+                       remote_bar);
+    // Leave now, as the split-K engine's senders do: st.async reads its
+    // registers at issue, every copy into this CTA has landed (each warp
+    // waited for its stage), and the SM's room goes to the next CTA.
+    return;
+  }
+  // Rank 0: its own warps' partials, then every remote one (the mbarrier's
+  // transactions), after completing the cluster barrier phase it arrived at.
+  __syncthreads();
+  if (splits > 1) {
+    ptx::cluster_wait_acquire();
+    ptx::mbarrier_wait_parity(partial_bar, 0);
+  }
+  SPARK_TRACE_MARK(1, __float_as_uint(partials[0]));  // every partial is here
+
+  // Thread j sums element j of every partial in K order (j in the fragment
+  // layout: nt, lane (g, t), register i), so its reads are conflict-free;
+  // unrolled so they are in flight together. y goes to shared memory first,
+  // to leave as 16-byte rows.
+  const int total = splits * warps;
+  for (int j = threadIdx.x; j < kPartial; j += blockDim.x) {
+    const auto [token, row] = fragment_element<kNt, false>(j);
+    if (token >= args.m) continue;
+    float s = partials[j];
+#pragma unroll 8
+    for (int w = 1; w < total; ++w) s += partials[w * kPartial + j];
+    y_tile[token * kSplitKTileN + row] = __float2bfloat16_rn(s);
+  }
+  __syncthreads();
+
+  // Item (token, c): features [8c, 8c + 8) of the CTA's rows for one token,
+  // one 16-byte vector; 2 m items.
+  for (int item = threadIdx.x; item < 2 * args.m; item += blockDim.x) {
+    const int token = item / 2, col = feature0 + (item % 2) * 8;
+    store_y_vec(args, stage, token, col, *reinterpret_cast<const uint4*>(y_tile + item * 8));
+  }
+}
+
+}  // namespace spark_decode::kernels

@@ -1,0 +1,229 @@
+// The on-chip MMA engine's launch shapes, checked without a GPU: every reason
+// onchip_unsupported gives, the default tactics at the model's shapes (the
+// grid that covers the SMs, the split-K engine's reduction order, the
+// shared memory a CTA needs), the Unpooler's and the pooler GEMM's checks on
+// it, and the plan table's rules for rows that name it.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "kernels/gemm/onchip_mma_config.h"
+#include "spark_decode/model_shape.h"
+#include "spark_decode/plan.h"
+#include "spark_decode/pooler_gemm.h"
+#include "spark_decode/unpooler.h"
+
+namespace sd = spark_decode;
+namespace onchip = sd::kernels::onchip;
+
+namespace {
+
+std::string reason(int n, int k, const sd::OnchipTactic& t) {
+  const auto why = sd::onchip_unsupported(n, k, t);
+  return why ? *why : "<supported>";
+}
+
+sd::OnchipTactic tactic(int s, int kw, int accs) {
+  sd::OnchipTactic t;
+  t.splits = s;
+  t.kw = kw;
+  t.accs = accs;
+  return t;
+}
+
+std::string table_reason(const std::vector<sd::PlanRow>& rows) {
+  const sd::PlanTable t{"test", rows.data(), static_cast<int>(rows.size())};
+  const auto why = sd::plan_table_unsupported(t);
+  return why ? *why : "(none)";
+}
+
+std::vector<sd::PlanRow> h200_rows() {
+  const auto& t = sd::plan_table();
+  return {t.rows, t.rows + t.size};
+}
+
+}  // namespace
+
+TEST(OnchipTactics, TheDeployedShapesCoverTheSmsInTheTablesOrder) {
+  // (op, tp) -> the S that gives ~128 CTAs, and each CTA's weight bytes.
+  struct Want {
+    sd::PlanOp op;
+    int tp, splits, ctas, weight_kib;
+  };
+  const Want wants[] = {{sd::PlanOp::unpooler, 8, 2, 128, 64},
+                        {sd::PlanOp::unpooler, 4, 1, 128, 128},
+                        {sd::PlanOp::pooler, 8, 4, 128, 64},
+                        {sd::PlanOp::pooler, 4, 2, 128, 128}};
+  for (const Want& w : wants) {
+    const bool un = w.op == sd::PlanOp::unpooler;
+    const int n = (un ? sd::kMuseSpark.hidden : sd::kMuseSpark.pooled) / w.tp;
+    const int k = un ? sd::kMuseSpark.pooled : sd::kMuseSpark.hidden;
+    const auto t = sd::onchip_tactic(w.op, n, k);
+    const std::string what = std::string(sd::op_name(w.op)) + " tp " + std::to_string(w.tp) + " " + t.to_string();
+    EXPECT_EQ(reason(n, k, t), "<supported>") << what;
+    EXPECT_EQ(t.splits, w.splits) << what;
+    EXPECT_EQ(n / sd::kSplitKTileN * t.splits, w.ctas) << what;
+    EXPECT_EQ(16 * (k / t.splits) * 2, w.weight_kib * 1024) << what;
+    // The split-K engine's reduction order for the shape: its bits.
+    const auto s = sd::splitk_tactic(w.op, n, k);
+    EXPECT_EQ(t.kw, s.kw) << what;
+    EXPECT_EQ(t.accs, s.accs) << what;
+    EXPECT_EQ(t.token_tile, s.token_tile) << what;
+    // Copies of 2 KiB (G = 4 warps of kw = 256), so 2 or 4 stages.
+    EXPECT_EQ(t.stage_warps_for(k), 4) << what;
+    EXPECT_LE(onchip::smem_bytes(k, t.splits, t.kw, 16), sd::kernels::kMaxSmemPerBlock) << what;
+  }
+  // Every model shape has a valid on-chip tactic (several waves at tp 1, 2).
+  for (int tp : sd::kTensorParallelSizes) {
+    for (sd::PlanOp op : {sd::PlanOp::unpooler, sd::PlanOp::pooler}) {
+      const bool un = op == sd::PlanOp::unpooler;
+      const int n = (un ? sd::kMuseSpark.hidden : sd::kMuseSpark.pooled) / tp;
+      const int k = un ? sd::kMuseSpark.pooled : sd::kMuseSpark.hidden;
+      const auto t = sd::onchip_tactic(op, n, k);
+      EXPECT_EQ(reason(n, k, t), "<supported>") << sd::op_name(op) << " tp " << tp;
+      EXPECT_GE(n / sd::kSplitKTileN * t.splits, sd::kOnchipTargetCtas) << sd::op_name(op) << " tp " << tp;
+      EXPECT_EQ(t.kw, sd::splitk_tactic(op, n, k).kw);
+      EXPECT_EQ(t.accs, sd::splitk_tactic(op, n, k).accs);
+    }
+  }
+}
+
+TEST(OnchipTactics, OtherShapesGetAValidDefaultOrAReason) {
+  for (auto [n, k] : {std::pair{16, 256}, {48, 256}, {64, 1024}, {96, 2048}, {8192, 8192}, {96, 3072}}) {
+    const auto t = sd::onchip_tactic(sd::PlanOp::pooler, n, k);
+    EXPECT_EQ(reason(n, k, t), "<supported>") << n << "x" << k << " " << t.to_string();
+  }
+  // A small grid takes the S with the most CTAs that still has a warp.
+  EXPECT_EQ(sd::onchip_tactic(sd::PlanOp::pooler, 48, 256).splits, 1);
+  EXPECT_EQ(sd::onchip_tactic(sd::PlanOp::pooler, 64, 1024).kw * sd::onchip_tactic(sd::PlanOp::pooler, 64, 1024).splits,
+            1024);
+  // K = 100: no compiled kw divides it.
+  const auto none = sd::onchip_tactic(sd::PlanOp::pooler, 64, 100);
+  EXPECT_NE(reason(64, 100, none), "<supported>");
+}
+
+TEST(OnchipTactics, StageWarps) {
+  auto t = tactic(1, 256, 1);
+  EXPECT_EQ(t.stage_warps_for(256 * 16), 4);  // 2 KiB copies
+  EXPECT_EQ(t.stage_warps_for(256 * 8), 4);
+  EXPECT_EQ(t.stage_warps_for(256 * 6), 2);   // the largest power of two dividing 6
+  EXPECT_EQ(t.stage_warps_for(256 * 1), 1);
+  EXPECT_EQ(tactic(1, 128, 1).stage_warps_for(128 * 16), 8);
+  t.stage_warps = 16;
+  EXPECT_EQ(t.stage_warps_for(256 * 16), 16);
+  EXPECT_EQ(reason(16, 256 * 16, t), "<supported>");
+  EXPECT_EQ(t.to_string(), "S=1 kw=256 accs=1 tile16_from_m=9 stage_warps=16");
+  t.stage_warps = 3;
+  EXPECT_EQ(reason(16, 256 * 12, t),
+            "on-chip MMA: stage_warps=3 is not a power of two dividing the 12 warps per CTA");
+  t.stage_warps = 8;
+  EXPECT_EQ(reason(16, 256 * 12, t),
+            "on-chip MMA: stage_warps=8 is not a power of two dividing the 12 warps per CTA");
+}
+
+TEST(OnchipValidation, EveryReason) {
+  EXPECT_EQ(reason(24, 256, tactic(1, 256, 1)), "on-chip MMA: N=24 is not a positive multiple of 16");
+  EXPECT_EQ(reason(0, 256, tactic(1, 256, 1)), "on-chip MMA: N=0 is not a positive multiple of 16");
+  EXPECT_EQ(reason(16, 512, tactic(3, 256, 1)), "on-chip MMA: splits=3 (S in 1, 2, 4, 8)");
+  EXPECT_EQ(reason(16, 512, tactic(1, 64, 1)),
+            "on-chip MMA: kw=64 accs=1 has no compiled kernel (kw: 128 256; accs 1..2)");
+  EXPECT_EQ(reason(16, 512, tactic(1, 256, 4)),
+            "on-chip MMA: kw=256 accs=4 has no compiled kernel (kw: 128 256; accs 1..2)");
+  EXPECT_EQ(reason(16, 768, tactic(2, 256, 1)), "on-chip MMA: K=768 does not split into 2 x warps x 256");
+  EXPECT_EQ(reason(16, 256 * 32, tactic(1, 256, 1)),
+            "on-chip MMA: 32 warps per CTA (K / (S kw)), more than 16: take a larger S");
+  auto t = tactic(1, 256, 1);
+  t.token_tile[12] = 8;
+  EXPECT_EQ(reason(16, 256, t),
+            "on-chip MMA: token tiles (S=1 kw=256 accs=1 tile16_from_m=9) do not cover M 1..16: m=13 has tile 8");
+  t.token_tile.fill(16);
+  EXPECT_EQ(reason(16, 256, t), "<supported>");
+  // K = 8 x 16 x 256: 128 KiB of weights per CTA and 128 warp partials of
+  // [16][16] FP32 (128 KiB) at rank 0; with tile 8 only, half the partials.
+  EXPECT_EQ(reason(16, 8 * 16 * 256, tactic(8, 256, 1)),
+            "on-chip MMA: a CTA's 131072 weight bytes, 128 warp partials and header need 263936 bytes of shared "
+            "memory, more than 232448");
+  EXPECT_EQ(reason(16, 8 * 8 * 256, tactic(8, 256, 1)), "<supported>");
+  EXPECT_EQ(reason(48, 256, tactic(1, 256, 2)), "<supported>");
+  EXPECT_EQ(reason(48, 1024, tactic(4, 128, 2)), "<supported>");
+}
+
+TEST(OnchipValidation, SharedMemoryLayout) {
+  // Stages after the partials; the whole slice plus one skew per warp.
+  EXPECT_EQ(onchip::stages_offset(4096, 256, 16), onchip::kPartialsOffset + 16 * 16 * 16 * 4);
+  EXPECT_EQ(onchip::smem_bytes(4096, 1, 256, 16), onchip::stages_offset(4096, 256, 16) + 16 * 4096 * 2 + 16 * 64);
+  // Rows g and g + 1 of a stage 64 bytes apart modulo 128 (opposite bank
+  // halves), rows g and g + 2 a multiple of 128 apart.
+  for (int width : {128, 256, 512, 1024, 2048, 4096})
+    for (int g = 0; g < 8; ++g) {
+      EXPECT_EQ((onchip::row_offset(width, 2 * (g / 2) + 1) - onchip::row_offset(width, 2 * (g / 2))) % 128, 64);
+      EXPECT_EQ(onchip::row_offset(width, g + 8) - onchip::row_offset(width, g), 4 * onchip::row_bytes(width));
+      EXPECT_EQ(onchip::row_offset(width, g) % 16, 0);
+    }
+}
+
+TEST(OnchipValidation, TheUnpoolerAndThePoolerGemmAskTheEngine) {
+  const auto w = [](int64_t n, int64_t k) {
+    return sd::TensorRef::contiguous(reinterpret_cast<void*>(0x10000), sd::DType::bf16, {n, k}, 0);
+  };
+  EXPECT_FALSE(sd::Unpooler::unsupported(w(1024, 4096), sd::onchip_tactic(sd::PlanOp::unpooler, 1024, 4096)));
+  EXPECT_EQ(*sd::Unpooler::unsupported(w(1024, 4096), tactic(1, 256, 4)),
+            "on-chip MMA: kw=256 accs=4 has no compiled kernel (kw: 128 256; accs 1..2)");
+  EXPECT_EQ(*sd::Unpooler::unsupported(w(24, 256), tactic(1, 256, 1)),
+            "unpooler shard [24, 256] bf16 on cuda:0: needs a contiguous, 16-byte aligned BF16 [N, K] with N % 16 "
+            "== 0");
+  // The table's unpooler rows are the split-K engine's today.
+  for (int tp : sd::kTensorParallelSizes)
+    EXPECT_EQ(sd::unpooler_engine(sd::kMuseSpark.hidden / tp, sd::kMuseSpark.pooled), sd::GemmEngine::splitk_mma);
+  const sd::PoolerGemmChoice on{sd::GemmEngine::onchip_mma, {}};
+  EXPECT_EQ(on.to_string(), "onchip_mma");
+  EXPECT_STREQ(sd::engine_name(sd::GemmEngine::onchip_mma), "onchip_mma");
+  for (int tp : sd::kTensorParallelSizes)
+    for (int b = 1; b <= sd::kMaxBatch; ++b)
+      EXPECT_FALSE(sd::pooler_choice_unsupported(sd::kMuseSpark.pooled / tp, sd::kMuseSpark.hidden, b, on))
+          << "tp " << tp << " b " << b;
+  EXPECT_EQ(*sd::pooler_choice_unsupported(512, 8192, 17, on), "pooler GEMM: m = 17 outside [1, 16]");
+  EXPECT_EQ(*sd::pooler_choice_unsupported(24, 8192, 1, on),
+            "pooler GEMM: on-chip MMA: N=24 is not a positive multiple of 16");
+}
+
+TEST(OnchipPlanTable, RowsNamingTheEngineKeepTheRules) {
+  auto rows = h200_rows();
+  auto rows_of = [&](sd::PlanOp op, int tp) {
+    std::vector<sd::PlanRow*> out;
+    for (auto& r : rows)
+      if (r.op == op && r.tp == tp) out.push_back(&r);
+    return out;
+  };
+  // The unpooler at tp 8 and the pooler at tp 4 on the on-chip engine, at
+  // its default S: the table keeps its rules and prints the rows.
+  for (auto* r : rows_of(sd::PlanOp::unpooler, 8)) r->engine = sd::GemmEngine::onchip_mma, r->splits = 2;
+  for (auto* r : rows_of(sd::PlanOp::pooler, 4)) r->engine = sd::GemmEngine::onchip_mma, r->splits = 2;
+  EXPECT_EQ(table_reason(rows), "(none)");
+  {
+    auto saved = rows;
+    // One reduction order per shape: the split-K engine at b >= 9 is another
+    // engine, even with the same order (the rule stays the conservative one).
+    rows_of(sd::PlanOp::unpooler, 8).back()->engine = sd::GemmEngine::splitk_mma;
+    EXPECT_NE(table_reason(rows).find("two reduction orders for one shape"), std::string::npos) << table_reason(rows);
+    rows = saved;
+  }
+  {
+    auto saved = rows;
+    // accs = 4: the split-K engine has it, the on-chip engine not.
+    for (auto* r : rows_of(sd::PlanOp::unpooler, 8)) r->accs = 4, r->row_swizzle = true;
+    EXPECT_NE(table_reason(rows).find("unpooler tp 8: on-chip MMA: kw=256 accs=4 has no compiled kernel"),
+              std::string::npos)
+        << table_reason(rows);
+    rows = saved;
+  }
+  {
+    auto saved = rows;
+    for (auto* r : rows_of(sd::PlanOp::unpooler, 2)) r->engine = sd::GemmEngine::ring_mma;
+    EXPECT_NE(table_reason(rows).find("the unpooler runs the split-K or the on-chip engine only"), std::string::npos)
+        << table_reason(rows);
+    rows = saved;
+  }
+  EXPECT_EQ(table_reason(rows), "(none)");
+}

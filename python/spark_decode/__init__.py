@@ -42,6 +42,7 @@ from .mailbox import LamportMailbox  # noqa: E402
 from .pooler import ExpertNorm, Pooler, PoolerLayer, nvfp4_quantize, output_shapes, pooler_layer  # noqa: E402
 from .unpooler import MAX_M, UNPOOLER, Unpooler, UnpoolerShape, launch_unsupported, tactic  # noqa: E402
 from . import ops  # noqa: E402  (registers torch.ops.spark_decode.*)
+from . import moe  # noqa: E402
 from ._registry import path_counts, reset_path_counts  # noqa: E402
 
 __all__ = [
@@ -63,6 +64,7 @@ __all__ = [
     "format_plan_table",
     "from_process_group",
     "launch_unsupported",
+    "moe",
     "nvfp4_quantize",
     "ops",
     "output_shapes",

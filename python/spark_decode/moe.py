@@ -40,6 +40,12 @@ class Workspace:
     ``group``: None (tp 1), a torch ProcessGroup, or anything shaped like
     vLLM's GroupCoordinator (spark_decode.group). ``path="stock"`` builds
     the same model on the stock path (for comparisons and benchmarks).
+
+    ``spin_timeout_s`` (the mailboxes' spin timeout) defaults to minutes,
+    not the library's seconds: at a model's startup every rank compiles
+    and captures, and the first rank done waits in its first consumer for
+    the peers still compiling, which the library's default would end in a
+    trap. A peer that never comes still ends in the named timeout.
     """
 
     _shared: dict = {}
@@ -53,7 +59,7 @@ class Workspace:
         capacity: int = MAX_BATCH,
         device: torch.device | int | str | None = None,
         path: str = "fast",
-        spin_timeout_s: float = 5.0,
+        spin_timeout_s: float = 600.0,
         enable_pdl: bool = True,
     ) -> None:
         self.device = device_index(device if device is not None else torch.cuda.current_device())

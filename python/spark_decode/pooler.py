@@ -402,9 +402,10 @@ class Pooler:
         device = torch.device("cuda", self.device)
         if out is None:
             out = empty_outputs(attached.format, b, self.pooled, device)
+        # Everything checked before the first launch (and before the
+        # collective all-gather), as the fast path's run() does.
         _check_block(x, self.hidden, self.device, "pooler: x")
-        if attached.format == "bf16":
-            _check_block(out, self.pooled, self.device, "pooler: output normed", rows=b)
+        self._check_outputs(attached.format, out, b)
         stream = current_stream(self.device)
         shard_width = self.pooled // self.tp
         shard = torch.empty((b, shard_width), dtype=torch.bfloat16, device=device)
@@ -429,6 +430,27 @@ class Pooler:
             attached.format == "nvfp4_swizzled",
         )
         return out
+
+    def _check_outputs(self, format: str, out, b: int) -> None:
+        """The caller's outputs of the stock path: the layer's format at b
+        (output_shapes), contiguous, aligned, on this device."""
+        want = output_shapes(format, b, self.pooled)
+        got = {"normed": out} if format == "bf16" else dict(zip(("a", "a_sf"), out)) if (
+            isinstance(out, (tuple, list)) and len(out) == 2) else None
+        if got is None:
+            raise _C.InvalidArgument(f"the outputs of an {format} layer are a pair (a, a_sf)")
+        for name, (dtype, shape) in want.items():
+            t = got[name]
+            align = 4 if name == "a_sf" and format == "nvfp4" else 16  # as the fast path's check
+            dtype_ok = isinstance(t, torch.Tensor) and (
+                t.dtype == dtype or (dtype == torch.float8_e4m3fn and t.dtype == torch.uint8))
+            if not (dtype_ok and tuple(t.shape) == tuple(shape) and t.is_contiguous() and t.is_cuda
+                    and t.device.index == self.device and t.data_ptr() % align == 0):
+                what = f"{list(t.shape)} {t.dtype} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
+                raise _C.InvalidArgument(
+                    f"pooler: output {name} {what} must be contiguous {align}-byte aligned {dtype} {list(shape)} on "
+                    f"cuda:{self.device} (format {format}, b = {b})"
+                )
 
     # ---- host calls ----
 

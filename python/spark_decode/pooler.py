@@ -19,6 +19,9 @@ from .mailbox import LamportMailbox, _check_block, check_path
 
 MAX_BATCH = _C.MAX_BATCH
 FORMATS = ("bf16", "nvfp4", "nvfp4_swizzled")
+# The most rows one stock quantize launch takes: the kernel's grid y is at
+# most 65535 (spark_decode/nvfp4.h), rounded down to whole 128-row tiles.
+_QUANTIZE_ROWS = 65535 // 128 * 128
 
 
 class PoolerLayer(NamedTuple):
@@ -420,15 +423,25 @@ class Pooler:
         normed = torch.empty((b, self.pooled), dtype=torch.bfloat16, device=device)
         attached.norm.run(describe(full, "rows"), describe(normed, "normed"), stream)
         a, a_sf = out
-        _C.nvfp4_quantize(
-            describe(normed, "normed"),
-            describe(attached.layer.global_scale, "global_scale"),
-            describe(a, "a"),
-            describe(a_sf, "a_sf"),
-            stream,
-            self._stock_pdl,
-            attached.format == "nvfp4_swizzled",
-        )
+        swizzled = attached.format == "nvfp4_swizzled"
+        scale = describe(attached.layer.global_scale, "global_scale")
+        # The quantize kernel's grid takes at most 65535 rows: larger batches
+        # (a prefill) in pieces of whole 128-row scale tiles, each piece's
+        # scales a contiguous run of the swizzled layout's tiles.
+        flat_sf = a_sf.view(-1)
+        sf_cols = a_sf.shape[1]
+        for r0 in range(0, b, _QUANTIZE_ROWS):
+            rows = min(_QUANTIZE_ROWS, b - r0)
+            sf_rows = (rows + 127) // 128 * 128 if swizzled else rows
+            _C.nvfp4_quantize(
+                describe(normed[r0 : r0 + rows], "normed"),
+                scale,
+                describe(a[r0 : r0 + rows], "a"),
+                describe(flat_sf[r0 * sf_cols : (r0 + sf_rows) * sf_cols].view(sf_rows, sf_cols), "a_sf"),
+                stream,
+                self._stock_pdl,
+                swizzled,
+            )
         return out
 
     def _check_outputs(self, format: str, out, b: int) -> None:

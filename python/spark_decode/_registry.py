@@ -65,6 +65,8 @@ def path_counts(handle: str) -> dict[str, int]:
 
 def reset_path_counts(handle: str | None = None) -> None:
     """Zero the counters of one object, or of every registered one."""
+    if handle is not None and handle not in _objects:
+        raise _C.InvalidArgument(f"no spark_decode object is registered under handle {handle!r}")
     targets = [_objects[handle]] if handle is not None else list(_objects.values())
     for obj in targets:
         for key in obj.path_counts:

@@ -264,6 +264,13 @@ def test_caller_owned_outputs_stay_put(env):
         scratch = p.run(index, x1)
         torch.cuda.current_stream().synchronize()
         assert same_bits(out, scratch), fmt
+        # project + publish + gather(layer, b, out): the same bytes.
+        again = poisoned(*made.shape) if fmt == "bf16" else tuple(poisoned(*t.shape, dtype=t.dtype) for t in made)
+        p.project(index, x1)
+        p.publish(4)
+        assert p.gather(index, 4, again) is again
+        torch.cuda.current_stream().synchronize()
+        assert same_bits(again, out), fmt
     with pytest.raises(ValueError, match="pair"):
         p.run(1, x1, poisoned(4, P))
     with pytest.raises(ValueError, match=r"output a_sf .* must be contiguous aligned e4m3 \[128, 256\]"):

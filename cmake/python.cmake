@@ -61,6 +61,8 @@ set_target_properties(spark_decode_python PROPERTIES
   CXX_VISIBILITY_PRESET hidden
   VISIBILITY_INLINES_HIDDEN ON)
 target_compile_options(spark_decode_python PRIVATE -Wall -Wextra)
+# spark_decode.__version__ (pyproject.toml reads the same project() line).
+target_compile_definitions(spark_decode_python PRIVATE SPARK_DECODE_VERSION="${PROJECT_VERSION}")
 # Our code binds to our own definitions, and exports nothing but PyInit__C:
 # torch loads its libraries with global symbols, among them its own
 # instantiations of libstdc++ templates (std::ostream::_M_insert<long>, ...)

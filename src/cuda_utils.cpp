@@ -3,6 +3,8 @@
 namespace spark_decode::detail {
 
 void require_sm90(int device, const char* what) {
+  // An ordinal that cannot name a device is the caller's error, GPU or not.
+  SPARK_CHECK(device >= 0, what, ": device ", device, " is not a CUDA device ordinal (>= 0)");
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
   SPARK_CHECK_RUNTIME(err == cudaSuccess && count > 0, what, " needs a CUDA GPU, and none is visible (",

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One call on a lent GPU machine: build for sm_90a, run the GPU tests and the
 # benchmarks, leave logs and JSON in $OUT (default /tmp/spark-out).
-#   tools/gpu_check.sh [build] [test] [sanitize] [tune] [tune-pdl] [tune-pooler] [bench] [gather] [publish] [pooler] [trace]
-#                      [verify] [step]
+#   tools/gpu_check.sh [build] [test] [sanitize] [tune] [tune-pdl] [tune-pooler] [bench] [gather] [publish] [pooler]
+#                      [python-bench] [trace] [verify] [step]
 #   verify: spark-decode verify at the GPU count and at tp 2 on one GPU;
 #   step: spark-decode step at the GPU count, JSON, markdown and plot in $OUT.
 #   (default: build test bench). trace: a -DSPARK_DECODE_TRACE=ON build in
@@ -149,6 +149,16 @@ fi
 if has gather; then
   say "bench gather $(date -u +%T)"
   build/h200/spark-decode bench gather --out "$OUT" 2>&1 | tee -a "$LOG" || rc=1
+fi
+if has python-bench; then
+  # The binding's cost: class calls vs torch ops (eager), the ops inside a
+  # graph, the compiled + captured example model vs the stock path.
+  say "bench python $(date -u +%T)"
+  if [ -n "$PY" ]; then
+    PYTHONPATH=build/h200/python "$PY" bench/python_overhead.py --out "$OUT" 2>&1 | tee -a "$LOG" || rc=1
+  else
+    echo "no Python with torch: skipped" | tee -a "$LOG"
+  fi
 fi
 if has trace; then
   say "trace $(date -u +%T)"

@@ -15,12 +15,18 @@
 //
 // Errors: spark_decode::InvalidArgument is raised as InvalidArgument, a
 // subclass of ValueError; spark_decode::RuntimeError (and any other library
-// error) as SparkRuntimeError, a subclass of RuntimeError.
+// error) as SparkRuntimeError, a subclass of RuntimeError. Values this file
+// converts itself (descriptions, tactic fields, layers) go through as<T>, so
+// that one that does not fit (an int above 32 bits, a string for an int) is
+// an InvalidArgument naming the field, not pybind11's cast_error (a
+// RuntimeError without a reason).
+#include <cuda_runtime_api.h>
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <type_traits>
 #include <optional>
 #include <string>
 #include <utility>
@@ -30,6 +36,7 @@
 #include "spark_decode/expert_norm.h"
 #include "spark_decode/group.h"
 #include "spark_decode/mailbox.h"
+#include "spark_decode/nvfp4.h"
 #include "spark_decode/pooler.h"
 #include "spark_decode/pooler_gemm.h"
 #include "spark_decode/unpooler.h"
@@ -38,6 +45,46 @@ namespace py = pybind11;
 namespace sd = spark_decode;
 
 namespace {
+
+// ---- conversions ------------------------------------------------------------------
+
+template <typename T>
+const char* kind_of() {
+  if constexpr (std::is_same_v<T, int>) return "a 32-bit integer";
+  else if constexpr (std::is_same_v<T, int64_t>) return "a 64-bit integer";
+  else if constexpr (std::is_same_v<T, uintptr_t>) return "an address (a non-negative 64-bit integer)";
+  else if constexpr (std::is_same_v<T, float>) return "a float";
+  else if constexpr (std::is_same_v<T, bool>) return "a bool";
+  else if constexpr (std::is_same_v<T, std::string>) return "a string";
+  else if constexpr (std::is_same_v<T, std::vector<int64_t>>) return "a sequence of 64-bit integers";
+  else if constexpr (std::is_same_v<T, std::vector<int>>) return "a sequence of 32-bit integers";
+  else if constexpr (std::is_same_v<T, py::tuple>) return "a tuple";
+  else if constexpr (std::is_same_v<T, py::dict>) return "a dict";
+  else return "of the expected type";
+}
+
+// h as T, or InvalidArgument naming `what` and the value.
+template <typename T>
+T as(const py::handle& h, const std::string& what) {
+  try {
+    return h.cast<T>();
+  } catch (const py::cast_error&) {
+    std::string value;
+    try {
+      value = py::repr(h).cast<std::string>();
+    } catch (const py::error_already_set&) {
+      value = "?";
+    }
+    if (value.size() > 80) value = value.substr(0, 77) + "...";
+    throw sd::InvalidArgument(what + " = " + value + " is not " + kind_of<T>());
+  }
+}
+
+sd::OutputFormat format_from(const std::string& name) {
+  for (sd::OutputFormat f : {sd::OutputFormat::bf16, sd::OutputFormat::nvfp4, sd::OutputFormat::nvfp4_swizzled})
+    if (name == sd::format_name(f)) return f;
+  throw sd::InvalidArgument("output format '" + name + "' is not one of bf16, nvfp4, nvfp4_swizzled");
+}
 
 // ---- tensor descriptions -----------------------------------------------------
 
@@ -51,10 +98,10 @@ sd::DType dtype_from(const std::string& name) {
 sd::TensorRef tensor_ref(const py::tuple& t) {
   if (t.size() != 5) throw sd::InvalidArgument("a tensor description is (data, dtype, shape, strides, device)");
   sd::TensorRef r;
-  r.data = reinterpret_cast<void*>(t[0].cast<uintptr_t>());
-  r.dtype = dtype_from(t[1].cast<std::string>());
-  const auto shape = t[2].cast<std::vector<int64_t>>();
-  const auto stride = t[3].cast<std::vector<int64_t>>();
+  r.data = reinterpret_cast<void*>(as<uintptr_t>(t[0], "a tensor's data pointer"));
+  r.dtype = dtype_from(as<std::string>(t[1], "a tensor's dtype"));
+  const auto shape = as<std::vector<int64_t>>(t[2], "a tensor's shape");
+  const auto stride = as<std::vector<int64_t>>(t[3], "a tensor's strides");
   if (shape.size() != stride.size() || shape.size() > sd::TensorRef::kMaxDims)
     throw sd::InvalidArgument("tensors of at most " + std::to_string(sd::TensorRef::kMaxDims) + " dimensions");
   r.ndim = static_cast<int>(shape.size());
@@ -62,13 +109,19 @@ sd::TensorRef tensor_ref(const py::tuple& t) {
     r.shape[i] = shape[i];
     r.stride[i] = stride[i];
   }
-  r.device = t[4].cast<int>();
+  r.device = as<int>(t[4], "a tensor's device");
   return r;
 }
 
 std::optional<sd::TensorRef> optional_ref(const std::optional<py::tuple>& t) {
   if (!t) return std::nullopt;
   return tensor_ref(*t);
+}
+
+// A description or None (a Python object), as an optional TensorRef.
+std::optional<sd::TensorRef> optional_ref(const py::handle& h, const std::string& what) {
+  if (h.is_none()) return std::nullopt;
+  return tensor_ref(as<py::tuple>(h, what));
 }
 
 // TensorRef -> (data, dtype, shape, strides, device).
@@ -113,31 +166,32 @@ sd::SplitKTactic tactic_from(const py::dict& d, int n, int k) {
   const sd::SplitKTactic table = t;
   bool swizzle_given = false;
   for (auto item : d) {
-    const auto key = item.first.cast<std::string>();
+    const auto key = as<std::string>(item.first, "a tactic field's name");
+    const std::string field = "tactic field '" + key + "'";
     if (key == "splits") {
-      t.splits = item.second.cast<int>();
+      t.splits = as<int>(item.second, field);
     } else if (key == "kw") {
-      t.kw = item.second.cast<int>();
+      t.kw = as<int>(item.second, field);
     } else if (key == "accs") {
-      t.accs = item.second.cast<int>();
+      t.accs = as<int>(item.second, field);
     } else if (key == "cluster_balance") {
-      t.cluster_balance = item.second.cast<bool>();
+      t.cluster_balance = as<bool>(item.second, field);
     } else if (key == "row_swizzle") {
-      t.row_swizzle = item.second.cast<bool>();
+      t.row_swizzle = as<bool>(item.second, field);
       swizzle_given = true;
     } else if (key == "token_tile" || key == "row_tiles") {
       // A list of one entry per m in 1..16, or {m: value} over the table's.
       auto& dst = key == "token_tile" ? t.token_tile : t.row_tiles;
       if (py::isinstance<py::dict>(item.second)) {
         for (auto [m, v] : item.second.cast<py::dict>()) {
-          const int mi = m.cast<int>();
+          const int mi = as<int>(m, field + " key");
           if (mi < 1 || mi > static_cast<int>(dst.size()))
             throw sd::InvalidArgument(key + ": m " + std::to_string(mi) + " outside 1.." +
                                       std::to_string(dst.size()));
-          dst[mi - 1] = v.cast<int>();
+          dst[mi - 1] = as<int>(v, field + " at m " + std::to_string(mi));
         }
       } else {
-        const auto v = item.second.cast<std::vector<int>>();
+        const auto v = as<std::vector<int>>(item.second, field);
         if (v.size() != dst.size())
           throw sd::InvalidArgument(key + " needs one entry per m in 1.." + std::to_string(dst.size()));
         std::copy(v.begin(), v.end(), dst.begin());
@@ -203,6 +257,26 @@ class CallbackGroup final : public sd::Group {
   std::function<void()> barrier_;
 };
 
+// The caller's outputs of a consumer: (format, a, a_sf, normed), the unused
+// ones None.
+sd::PoolerOutput pooler_output_from(const py::tuple& t) {
+  if (t.size() != 4) throw sd::InvalidArgument("pooler outputs are (format, a, a_sf, normed)");
+  sd::PoolerOutput o;
+  o.format = format_from(as<std::string>(t[0], "the outputs' format"));
+  if (auto a = optional_ref(t[1], "output a")) o.a = *a;
+  if (auto a_sf = optional_ref(t[2], "output a_sf")) o.a_sf = *a_sf;
+  if (auto normed = optional_ref(t[3], "output normed")) o.normed = *normed;
+  return o;
+}
+
+py::dict output_spec(const sd::PoolerOutputSpec& s) {
+  py::dict d;
+  for (auto [name, t] : {std::pair{"a", &s.a}, std::pair{"a_sf", &s.a_sf}, std::pair{"normed", &s.normed}})
+    if (t->ndim > 0)
+      d[name] = py::make_tuple(std::string(sd::dtype_name(t->dtype)), py::make_tuple(t->shape[0], t->shape[1]));
+  return d;
+}
+
 py::dict pooler_output(const sd::PoolerOutput& o) {
   py::dict d;
   d["format"] = sd::format_name(o.format);
@@ -217,14 +291,15 @@ py::dict pooler_output(const sd::PoolerOutput& o) {
 }
 
 sd::PoolerLayer pooler_layer_from(const py::tuple& t) {
-  if (t.size() != 5)
-    throw sd::InvalidArgument("a pooler layer is (weight, norm_weight, eps, gain_center, global_scale)");
+  if (t.size() != 6)
+    throw sd::InvalidArgument("a pooler layer is (weight, norm_weight, eps, gain_center, global_scale, format)");
   sd::PoolerLayer l;
-  l.weight = tensor_ref(t[0].cast<py::tuple>());
-  l.norm_weight = tensor_ref(t[1].cast<py::tuple>());
-  l.eps = t[2].cast<float>();
-  l.gain_center = t[3].cast<float>();
-  if (!t[4].is_none()) l.global_scale = tensor_ref(t[4].cast<py::tuple>());
+  l.weight = tensor_ref(as<py::tuple>(t[0], "a layer's weight"));
+  l.norm_weight = tensor_ref(as<py::tuple>(t[1], "a layer's norm weight"));
+  l.eps = as<float>(t[2], "a layer's eps");
+  l.gain_center = as<float>(t[3], "a layer's gain_center");
+  l.global_scale = optional_ref(t[4], "a layer's global scale");
+  if (!t[5].is_none()) l.format = format_from(as<std::string>(t[5], "a layer's format"));
   return l;
 }
 
@@ -257,6 +332,19 @@ PYBIND11_MODULE(_C, m) {
   m.def("unpooler_tactic", [](int n, int k) { return tactic_dict(sd::unpooler_tactic(n, k)); });
   m.def("format_plan_table", &sd::format_plan_table);
   m.attr("MAX_BATCH") = sd::kMaxBatch;
+  m.attr("HIDDEN") = sd::kMuseSpark.hidden;
+  m.attr("POOLED") = sd::kMuseSpark.pooled;
+  m.attr("LAYERS") = sd::kMuseSpark.layers;
+  m.attr("__version__") = SPARK_DECODE_VERSION;
+  // The CUDA runtime this module was compiled against (CUDART_VERSION, e.g.
+  // 13000) and the one the process loaded (cudaRuntimeGetVersion: no GPU
+  // needed), which spark_decode/__init__.py compares with torch's.
+  m.attr("CUDA_RUNTIME_BUILT") = CUDART_VERSION;
+  m.def("cuda_runtime_version", [] {
+    int v = 0;
+    CUDA_CHECK(cudaRuntimeGetVersion(&v));
+    return v;
+  });
 
   py::class_<sd::Unpooler>(m, "Unpooler")
       .def(py::init([](const py::tuple& weight, sd::LamportMailbox* mailbox, bool enable_pdl,
@@ -292,6 +380,8 @@ PYBIND11_MODULE(_C, m) {
               return sd::Unpooler::unsupported(w, tactic_from(*tactic, n, k));
             } catch (const sd::InvalidArgument& e) {
               return std::string(e.what());
+            } catch (const py::cast_error& e) {  // a value none of as<T> converts
+              return std::string("unsupported: ") + e.what();
             }
           },
           py::arg("weight"), py::arg("tactic").none(true))
@@ -311,6 +401,12 @@ PYBIND11_MODULE(_C, m) {
       .def("prepared", &sd::Unpooler::prepared, py::arg("tile"), py::arg("row_tiles") = 1);
 
   // ---- Group, LamportMailbox ----
+  // "poison" (the default) or "trap": LamportMailbox::OnFailure.
+  const auto on_failure_of = [](const std::string& s) {
+    if (s == "poison") return sd::LamportMailbox::OnFailure::poison;
+    if (s == "trap") return sd::LamportMailbox::OnFailure::trap;
+    throw sd::InvalidArgument("on_failure '" + s + "' is neither 'poison' nor 'trap'");
+  };
   py::class_<sd::Group>(m, "Group")
       .def_property_readonly("rank", &sd::Group::rank)
       .def_property_readonly("size", &sd::Group::size)
@@ -328,10 +424,11 @@ PYBIND11_MODULE(_C, m) {
            py::arg("size"), py::arg("all_gather"), py::arg("barrier"));
 
   py::class_<sd::LamportMailbox>(m, "LamportMailbox")
-      .def(py::init([](sd::Group& group, int tp, int rank, int capacity, int width, int device,
-                       double spin_timeout_s, size_t guard_bytes) {
+      .def(py::init([on_failure_of](sd::Group& group, int tp, int rank, int capacity, int width, int device,
+                                    double spin_timeout_s, size_t guard_bytes, const std::string& on_failure) {
              sd::LamportMailbox::Options o;
              o.spin_timeout_s = spin_timeout_s;
+             o.on_failure = on_failure_of(on_failure);
              o.guard_bytes = guard_bytes;
              // Collective: other ranks may be threads of this process that
              // need the GIL to reach their constructor (the group's
@@ -340,7 +437,8 @@ PYBIND11_MODULE(_C, m) {
                  [&] { return std::make_unique<sd::LamportMailbox>(group, tp, rank, capacity, width, device, o); });
            }),
            py::arg("group"), py::arg("tp"), py::arg("rank"), py::arg("capacity"), py::arg("width"),
-           py::arg("device"), py::arg("spin_timeout_s"), py::arg("guard_bytes") = 0, py::keep_alive<1, 2>())
+           py::arg("device"), py::arg("spin_timeout_s"), py::arg("guard_bytes") = 0, py::arg("on_failure") = "poison",
+           py::keep_alive<1, 2>())
       .def(
           "publish",
           [](sd::LamportMailbox& mb, const py::tuple& src, uintptr_t stream, bool enable_pdl) {
@@ -362,6 +460,7 @@ PYBIND11_MODULE(_C, m) {
       .def("synchronize", [](const sd::LamportMailbox& mb, uintptr_t stream) { mb.synchronize(stream_of(stream)); },
            py::call_guard<py::gil_scoped_release>())
       .def("timeout_report", &sd::LamportMailbox::timeout_report)
+      .def("check", &sd::LamportMailbox::check)
       .def("warm_up", [](sd::LamportMailbox& mb, uintptr_t stream) { mb.warm_up(stream_of(stream)); },
            py::call_guard<py::gil_scoped_release>())
       .def("barrier", &sd::LamportMailbox::barrier, py::call_guard<py::gil_scoped_release>())
@@ -370,6 +469,7 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("capacity", &sd::LamportMailbox::capacity)
       .def_property_readonly("width", &sd::LamportMailbox::width)
       .def_property_readonly("device", &sd::LamportMailbox::device)
+      .def_property_readonly("shares_device", &sd::LamportMailbox::shares_device)
       .def_property_readonly("stage_state", [](const sd::LamportMailbox& mb) {
         return describe(sd::TensorRef::contiguous(mb.view().state, sd::DType::i32, {2}, mb.device()));
       });
@@ -389,6 +489,47 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("x"), py::arg("y"), py::arg("stream"))
       .def_property_readonly("cols", &sd::ExpertNorm::cols);
+
+  // ---- the stock path's pieces: the quantize kernel, the pooler GEMM alone ----
+  m.def(
+      "nvfp4_quantize",
+      [](const py::tuple& y, const py::tuple& global_scale, const py::tuple& a, const py::tuple& a_sf,
+         uintptr_t stream, bool enable_pdl, bool swizzled) {
+        const sd::TensorRef yr = tensor_ref(y), gr = tensor_ref(global_scale), ar = tensor_ref(a),
+                            sr = tensor_ref(a_sf);
+        without_gil([&] {
+          sd::nvfp4_quantize(yr, gr, ar, sr, stream_of(stream), enable_pdl,
+                             swizzled ? sd::ScaleLayout::swizzled : sd::ScaleLayout::linear);
+        });
+      },
+      py::arg("y"), py::arg("global_scale"), py::arg("a"), py::arg("a_sf"), py::arg("stream"),
+      py::arg("enable_pdl"), py::arg("swizzled"));
+  m.def(
+      "pooler_output_spec",
+      [](const std::string& format, int b, int pooled) {
+        return output_spec(sd::pooler_output_spec(format_from(format), b, pooled));
+      },
+      py::arg("format"), py::arg("b"), py::arg("pooled"));
+
+  py::class_<sd::PoolerGemm>(m, "PoolerGemm")
+      .def(py::init([](const py::tuple& weight, int tp, std::vector<int> batches, bool enable_pdl) {
+             sd::PoolerGemm::Options o;
+             o.enable_pdl = enable_pdl;
+             o.batches = std::move(batches);
+             return sd::PoolerGemm(tensor_ref(weight), tp, o);
+           }),
+           py::arg("weight"), py::arg("tp"), py::arg("batches"), py::arg("enable_pdl"))
+      .def(
+          "run",
+          [](const sd::PoolerGemm& g, const py::tuple& x, const py::tuple& out, uintptr_t stream) {
+            const sd::TensorRef xr = tensor_ref(x), outr = tensor_ref(out);
+            without_gil([&] { g.run(xr, outr, stream_of(stream)); });
+          },
+          py::arg("x"), py::arg("out"), py::arg("stream"))
+      .def("choice", [](const sd::PoolerGemm& g, int m) { return g.choice(m).to_string(); })
+      .def_property_readonly("n", &sd::PoolerGemm::n)
+      .def_property_readonly("k", &sd::PoolerGemm::k)
+      .def_property_readonly("device", &sd::PoolerGemm::device);
 
   // ---- Pooler ----
   m.def(
@@ -417,12 +558,14 @@ PYBIND11_MODULE(_C, m) {
       py::arg("global_scale").none(true), py::arg("tp"), py::arg("rank"));
 
   py::class_<sd::Pooler>(m, "Pooler")
-      .def(py::init([](sd::Group& group, int tp, int rank, int device, const std::vector<py::tuple>& layers,
-                       std::vector<int> batches, int capacity, bool enable_pdl, double spin_timeout_s) {
+      .def(py::init([on_failure_of](sd::Group& group, int tp, int rank, int device,
+                                    const std::vector<py::tuple>& layers, std::vector<int> batches, int capacity,
+                                    bool enable_pdl, double spin_timeout_s, const std::string& on_failure) {
              std::vector<sd::PoolerLayer> ls;
              for (const auto& l : layers) ls.push_back(pooler_layer_from(l));
              sd::PoolerOptions o;
              o.spin_timeout_s = spin_timeout_s;
+             o.on_failure = on_failure_of(on_failure);
              return without_gil([&] {  // collective, as the mailbox's
                return std::make_unique<sd::Pooler>(group, tp, rank, device, std::move(ls), std::move(batches),
                                                    capacity, enable_pdl, o);
@@ -430,7 +573,57 @@ PYBIND11_MODULE(_C, m) {
            }),
            py::arg("group"), py::arg("tp"), py::arg("rank"), py::arg("device"), py::arg("layers"),
            py::arg("batches"), py::arg("capacity"), py::arg("enable_pdl"), py::arg("spin_timeout_s"),
-           py::keep_alive<1, 2>())
+           py::arg("on_failure") = "poison", py::keep_alive<1, 2>())
+      // The workspace alone (collective): the mailbox and scratch for layers
+      // of [P / tp, H] attached later.
+      .def_static(
+          "workspace",
+          [on_failure_of](sd::Group& group, int tp, int rank, int device, int hidden, int pooled,
+                          std::vector<int> batches, int capacity, bool enable_pdl, double spin_timeout_s,
+                          const std::string& on_failure) {
+            sd::PoolerConfig c;
+            c.tp = tp;
+            c.rank = rank;
+            c.device = device;
+            c.hidden = hidden;
+            c.pooled = pooled;
+            c.batches = std::move(batches);
+            c.capacity = capacity;
+            c.enable_pdl = enable_pdl;
+            c.options.spin_timeout_s = spin_timeout_s;
+            c.options.on_failure = on_failure_of(on_failure);
+            return without_gil([&] { return std::make_unique<sd::Pooler>(group, c); });
+          },
+          py::arg("group"), py::arg("tp"), py::arg("rank"), py::arg("device"), py::arg("hidden"), py::arg("pooled"),
+          py::arg("batches"), py::arg("capacity"), py::arg("enable_pdl"), py::arg("spin_timeout_s"),
+          py::arg("on_failure") = "poison",
+          py::keep_alive<0, 1>())
+      .def(
+          "attach",
+          [](sd::Pooler& p, int index, const py::tuple& layer) {
+            const sd::PoolerLayer l = pooler_layer_from(layer);
+            without_gil([&] { p.attach(index, l); });
+          },
+          py::arg("index"), py::arg("layer"))
+      .def("attached", &sd::Pooler::attached, py::arg("index"))
+      .def(
+          "format", [](const sd::Pooler& p, int layer) { return std::string(sd::format_name(p.format(layer))); },
+          py::arg("layer"))
+      .def(
+          "run_into",
+          [](sd::Pooler& p, int layer, const py::tuple& x, const py::tuple& out, uintptr_t stream) {
+            const sd::TensorRef xr = tensor_ref(x);
+            const sd::PoolerOutput o = pooler_output_from(out);
+            without_gil([&] { p.run(layer, xr, o, stream_of(stream)); });
+          },
+          py::arg("layer"), py::arg("x"), py::arg("out"), py::arg("stream"))
+      .def(
+          "gather_into",
+          [](sd::Pooler& p, int layer, int b, const py::tuple& out, uintptr_t stream) {
+            const sd::PoolerOutput o = pooler_output_from(out);
+            without_gil([&] { p.gather(layer, b, o, stream_of(stream)); });
+          },
+          py::arg("layer"), py::arg("b"), py::arg("out"), py::arg("stream"))
       .def(
           "project",
           [](sd::Pooler& p, int layer, const py::tuple& x, uintptr_t stream) {

@@ -51,17 +51,63 @@ def optional(t: torch.Tensor | None, what: str) -> tuple | None:
     return None if t is None else describe(t, what)
 
 
+# torch's current stream as a raw cudaStream_t, without making a Stream
+# object per call (the ops' eager cost); the public call where torch lacks it.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def current_stream(device: int) -> int:
     """torch's current stream on ``device`` (the capture stream under CUDA
     graph capture), as the integer the module takes."""
+    if _raw_stream is not None:
+        return _raw_stream(device)
     return torch.cuda.current_stream(device).cuda_stream
 
 
+def int32(value, what: str) -> int:
+    """``value`` as a Python int that fits 32 bits, or InvalidArgument (not
+    pybind11's TypeError or cast error) naming ``what``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            import operator
+
+            value = operator.index(value)
+        except TypeError:
+            raise _C.InvalidArgument(f"{what} = {value!r} is not an integer") from None
+    if not -(2**31) <= value < 2**31:
+        raise _C.InvalidArgument(f"{what} = {value} is not a 32-bit integer")
+    return int(value)
+
+
 def device_index(device: torch.device | int | str) -> int:
-    d = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+    """A CUDA device ordinal from an int, a torch.device or a string;
+    InvalidArgument (not torch's RuntimeError) for anything that names no
+    CUDA device."""
+    if isinstance(device, torch.device):
+        d = device
+    elif isinstance(device, str):
+        try:
+            d = torch.device(device)
+        except (RuntimeError, ValueError) as e:
+            raise _C.InvalidArgument(f"device {device!r} is not a CUDA device ({e})") from None
+    else:
+        index = int32(device, "device")
+        if index < 0:
+            raise _C.InvalidArgument(f"device {index} is not a CUDA device ordinal (>= 0)")
+        return index
     if d.type != "cuda":
         raise _C.InvalidArgument(f"device {d} is not a CUDA device")
     return d.index if d.index is not None else torch.cuda.current_device()
+
+
+def keep(t: torch.Tensor | None) -> torch.Tensor | None:
+    """A new tensor over ``t``'s storage (``t.detach()``), to hold where the
+    library keeps a view of ``t``: reassigning ``param.data`` later (as
+    vLLM's process_weights_after_loading does) swaps the storage of
+    ``param`` only, and this alias keeps the old storage alive, so the
+    library never reads freed memory (it reads the old values until the
+    layer is attached again)."""
+    return None if t is None else t.detach()
 
 
 class _DeviceArray:

@@ -15,6 +15,9 @@ import unittest
 
 sys.path.insert(0, os.environ["SPARK_DECODE_MODULE_DIR"])
 import _C  # noqa: E402
+import _runtime  # noqa: E402  (torch-free, copied beside the module)
+
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 
 
 def desc(shape, dtype="bf16", data=1 << 20, device=0):
@@ -57,6 +60,78 @@ class Errors(unittest.TestCase):
         self.assertIn("splits=3", reason)
         self.assertIsNotNone(_C.launch_unsupported(8192, 4096, 2, 96, 1))  # kw 96 has no kernel
         self.assertIsNotNone(_C.launch_unsupported(8192, 4096, 2, 256, 3))  # accs 3
+
+
+class ArgumentsThatDoNotFit(unittest.TestCase):
+    """Values the module converts itself are refused as InvalidArgument
+    naming the field, never pybind11's cast_error (a RuntimeError)."""
+
+    def test_tactic_fields_beyond_32_bits(self):
+        for field in ("kw", "splits", "accs"):
+            with self.assertRaisesRegex(_C.InvalidArgument, f"tactic field '{field}' = 1099511627776 is not a 32-bit"):
+                _C.tactic_unsupported(8192, 4096, {field: 2**40})
+        with self.assertRaisesRegex(_C.InvalidArgument, "tactic field 'kw' = 'wide' is not a 32-bit integer"):
+            _C.tactic_unsupported(8192, 4096, {"kw": "wide"})
+        with self.assertRaisesRegex(_C.InvalidArgument, "token_tile' key = 4294967296"):
+            _C.tactic_unsupported(8192, 4096, {"token_tile": {2**32: 8}})
+        with self.assertRaisesRegex(_C.InvalidArgument, "token_tile' = \\[8, 1099511627776"):
+            _C.tactic_unsupported(8192, 4096, {"token_tile": [8, 2**40] + [8] * 14})
+
+    def test_unsupported_says_why_and_never_raises(self):
+        reason = _C.Unpooler.unsupported(desc([8192, 4096]), {"kw": 2**40})
+        self.assertIn("is not a 32-bit integer", reason)
+        self.assertIn("is not a 32-bit integer", _C.Unpooler.unsupported(desc([8192, 4096]), {"accs": 2**63}))
+        self.assertIn("address", _C.Unpooler.unsupported((-1, "bf16", (64, 256), (256, 1), 0), None))
+
+    def test_descriptions_beyond_their_types(self):
+        with self.assertRaisesRegex(_C.InvalidArgument, "a tensor's shape = .* is not a sequence of 64-bit"):
+            _C.ExpertNorm((1 << 20, "bf16", (2**70,), (1,), 0), 1e-5, 1.0, True)
+        with self.assertRaisesRegex(_C.InvalidArgument, "a tensor's device = 4294967296 is not a 32-bit"):
+            _C.ExpertNorm((1 << 20, "bf16", (512,), (1,), 2**32), 1e-5, 1.0, True)
+
+    def test_a_negative_device_is_an_invalid_argument_with_or_without_a_gpu(self):
+        g = _C.CallbackGroup(0, 1, lambda data: data, lambda: None)
+        with self.assertRaisesRegex(_C.InvalidArgument, "device -1 is not a CUDA device ordinal"):
+            _C.LamportMailbox(g, 1, 0, 4, 256, -1, 5.0)
+
+    def test_output_formats(self):
+        self.assertEqual(_C.pooler_output_spec("bf16", 3, 4096), {"normed": ("bf16", (3, 4096))})
+        self.assertEqual(_C.pooler_output_spec("nvfp4", 3, 4096), {"a": ("u8", (3, 2048)), "a_sf": ("e4m3", (3, 256))})
+        self.assertEqual(_C.pooler_output_spec("nvfp4_swizzled", 130, 4096)["a_sf"], ("e4m3", (256, 256)))
+        self.assertEqual(_C.pooler_output_spec("nvfp4_swizzled", 1, 1024 + 32)["a_sf"], ("e4m3", (128, 68)))
+        with self.assertRaisesRegex(_C.InvalidArgument, "output format 'fp4' is not one of"):
+            _C.pooler_output_spec("fp4", 1, 4096)
+
+    def test_pooler_workspace_arguments_before_the_gpu(self):
+        g = _C.CallbackGroup(0, 1, lambda data: data, lambda: None)
+        with self.assertRaisesRegex(_C.InvalidArgument, "no pooler GEMM shape for TP3"):
+            _C.Pooler.workspace(g, 3, 0, 0, 8192, 4096, [1], 16, True, 5.0)
+        with self.assertRaisesRegex(_C.InvalidArgument, "batches must lie in"):
+            _C.Pooler.workspace(g, 1, 0, 0, 8192, 4096, [17], 16, True, 5.0)
+
+
+class Packaging(unittest.TestCase):
+    def test_version_is_the_projects(self):
+        with open(os.path.join(SOURCE, "CMakeLists.txt")) as f:
+            import re
+
+            version = re.search(r"project\(spark_decode VERSION ([0-9.]+)", f.read()).group(1)
+        self.assertEqual(_C.__version__, version)
+
+    def test_cuda_runtime_versions(self):
+        self.assertEqual(_C.CUDA_RUNTIME_BUILT // 1000, _C.cuda_runtime_version() // 1000)
+        _runtime.check_cuda_runtime(_C.CUDA_RUNTIME_BUILT, _C.cuda_runtime_version(), None)
+
+    def test_cuda_runtime_check(self):
+        _runtime.check_cuda_runtime(13000, 13000, "13.0")
+        _runtime.check_cuda_runtime(13000, 13020, "13.2")  # one major version: one library
+        _runtime.check_cuda_runtime(13000, 13000, None)  # a CPU-only torch: nothing to compare
+        with self.assertRaisesRegex(ImportError, "built against CUDA runtime 13.0 but torch uses CUDA 12.8: rebuild"):
+            _runtime.check_cuda_runtime(13000, 13000, "12.8")
+        with self.assertRaisesRegex(ImportError, "this process loaded CUDA runtime 12.8"):
+            _runtime.check_cuda_runtime(13000, 12080, "13.0")
+        with self.assertRaisesRegex(ImportError, "is not a CUDA version"):
+            _runtime.check_cuda_runtime(13000, 13000, "rocm")
 
 
 class Tactics(unittest.TestCase):

@@ -263,6 +263,47 @@ def test_mailbox_single_rank_round_trip_eager_and_graph(gen):
     mb.barrier()
 
 
+def test_mailbox_failure_is_survived(gen):
+    """A gather with no publish since the last one (on_failure="poison", the
+    default): SparkRuntimeError naming it at the next check, the output
+    poisoned (never the last call's rows), every later call refused; torch
+    keeps working, and a new mailbox gives correct results."""
+    width = 512
+    mb = sd.LamportMailbox(None, tp=1, rank=0, capacity=8, width=width, device=0, spin_timeout_s=2.0)
+    src, out = randn(gen, 4, width), poisoned(4, width)
+    mb.publish(src)
+    mb.gather(out)
+    mb.synchronize()
+    assert torch.equal(out, src)
+    out.fill_(1.0)
+    with pytest.raises(sd.InvalidArgument, match="nothing was published"):
+        mb.gather(out)  # refused eagerly, before any launch
+    # The device's own check, as a replayed graph would meet it: the
+    # binding's gather, past the Python-side bookkeeping.
+    from spark_decode._tensors import current_stream, describe
+
+    mb._impl.gather(describe(out, "out"), current_stream(mb.device), True)
+    with pytest.raises(sd.SparkRuntimeError, match="no publish since the last consume"):
+        mb.synchronize()
+    assert torch.equal(out.view(torch.int16), torch.full_like(out.view(torch.int16), POISON))
+    with pytest.raises(sd.SparkRuntimeError, match="destroy this mailbox"):
+        mb.check()
+    with pytest.raises(sd.SparkRuntimeError):
+        mb.publish(src)
+    # The context is usable: torch, a new mailbox, a new Pooler.
+    assert torch.ones(1000, device="cuda").sum().item() == 1000.0
+    del mb
+    mb2 = sd.LamportMailbox(None, tp=1, rank=0, capacity=8, width=width, device=0)
+    out2 = poisoned(4, width)
+    mb2.publish(src)
+    mb2.gather(out2)
+    mb2.synchronize()
+    assert torch.equal(out2, src)
+    mb2.barrier()
+    with pytest.raises(sd.InvalidArgument, match="neither 'poison' nor 'trap'"):
+        sd.LamportMailbox(None, tp=1, rank=0, capacity=8, width=width, device=0, on_failure="ignore")
+
+
 def test_unpooler_zero_copy_publish_single_rank(gen):
     """With a mailbox the unpooler's epilogue publishes y itself: the plain
     gather then reads exactly y (-0.0 as +0.0), call after call, eager and

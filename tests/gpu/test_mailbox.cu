@@ -184,7 +184,7 @@ TEST(Mailbox, SkippedCallIsSurvivedTp2Tp4OnOneGpu) {
         },
         1);
     for (const auto& f : failures) ADD_FAILURE() << "tp " << tp << ": " << f;
-    expect_timeout_outcome(rank0, timeout_s);
+    expect_timeout_outcome(rank0, timeout_s, tp);
   }
 }
 

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "spark_decode/error.h"
+
 namespace spark_decode {
 class Group;
 }
@@ -96,6 +98,19 @@ class DeviceMemory {
 
  private:
   void* p_ = nullptr;
+};
+
+// A non-blocking stream destroyed at scope exit.
+class Stream {
+ public:
+  Stream() { CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
+  ~Stream() { cudaStreamDestroy(s_); }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  operator cudaStream_t() const { return s_; }
+
+ private:
+  cudaStream_t s_;
 };
 
 // The on-chip engine's copy pattern with nothing computed (a diagnostic: the

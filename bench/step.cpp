@@ -48,18 +48,6 @@ ScaleLayout layout_of(OutputFormat f) {
   return f == OutputFormat::nvfp4_swizzled ? ScaleLayout::swizzled : ScaleLayout::linear;
 }
 
-class Stream {
- public:
-  Stream() { CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
-  ~Stream() { cudaStreamDestroy(s_); }
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-  operator cudaStream_t() const { return s_; }
-
- private:
-  cudaStream_t s_;
-};
-
 // One path's activations: the hidden rows (x_0 apart), the experts' input
 // in every format, their output, the unpooler's rows, the gathered rows.
 struct PathBuffers {
@@ -86,16 +74,7 @@ struct PathBuffers {
   const void* x_of(int l, const void* x0) const { return l == 0 ? x0 : out_of(l - 1); }
   // The consumer's outputs in `format` at b (the Pooler checks every shape).
   PoolerOutput outputs(OutputFormat format, int b, int device) const {
-    const PoolerOutputSpec spec = pooler_output_spec(format, b, P);
-    PoolerOutput o;
-    o.format = format;
-    if (format == OutputFormat::bf16) {
-      o.normed = TensorRef::contiguous(normed.get(), DType::bf16, {b, P}, device);
-    } else {
-      o.a = TensorRef::contiguous(a.get(), DType::u8, {b, P / 2}, device);
-      o.a_sf = TensorRef::contiguous(a_sf.get(), DType::e4m3, {spec.a_sf.shape[0], spec.a_sf.shape[1]}, device);
-    }
-    return o;
+    return pooler_output_in(format, b, P, normed.get(), a.get(), a_sf.get(), device);
   }
   standins::ExpertInput expert_input(OutputFormat format, const float* global_scale) const {
     standins::ExpertInput in;

@@ -201,8 +201,7 @@ std::optional<std::string> LamportMailbox::timeout_report() const {
   if (mailbox::record_kind(r) == mailbox::kNoPublish)
     return detail::concat("mailbox protocol error on rank ", mailbox::record_rank(r), " (cuda:", device_,
                           "): a consumer of stage ", mailbox::record_stage(r),
-                          " ran with no publish since the last consume (a skipped publish or a second gather); "
-                          "it would have returned the previous call's rows");
+                          " ran with no publish since the last consume (a skipped publish or a second gather)");
   return detail::concat("mailbox spin timeout on rank ", mailbox::record_rank(r), " (cuda:",
                         device_, "): stage ", mailbox::record_stage(r), ", source ",
                         mailbox::record_source(r), ", row ", mailbox::record_row(r),

@@ -56,6 +56,25 @@ PoolerOutputSpec pooler_output_spec(OutputFormat format, int b, int pooled) {
   return s;
 }
 
+PoolerOutput pooler_output_in(OutputFormat format, int b, int pooled, void* normed, void* a, void* a_sf,
+                              int device) {
+  const PoolerOutputSpec spec = pooler_output_spec(format, b, pooled);
+  auto over = [device](TensorRef t, void* data) {
+    t.data = data;
+    t.device = device;
+    return t;
+  };
+  PoolerOutput o;
+  o.format = format;
+  if (format == OutputFormat::bf16) {
+    o.normed = over(spec.normed, normed);
+  } else {
+    o.a = over(spec.a, a);
+    o.a_sf = over(spec.a_sf, a_sf);
+  }
+  return o;
+}
+
 void gather_norm(LamportMailbox& mb, const void* norm_weight, const float* global_scale, float eps,
                  float gain_center, const PoolerOutput& out, int b, cudaStream_t stream, bool enable_pdl,
                  bool launch_next_early) {

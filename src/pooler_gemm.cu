@@ -102,7 +102,6 @@ PoolerGemmChoice PoolerGemm::choice(int m) const {
 
 void PoolerGemm::launch(const void* x, void* out, int m, bool publish, cudaStream_t stream) const {
   const PoolerGemmChoice& c = *choice_[m - 1];
-  if (publish) mailbox_->check();
   const MailboxView* into = publish ? &mailbox_->view() : nullptr;
   switch (c.engine) {
     case GemmEngine::splitk_mma: engines_->splitk->launch(x, out, m, into, nullptr, stream); break;
@@ -139,6 +138,7 @@ void PoolerGemm::run(const void* x, void* out, int m, cudaStream_t stream) const
 
 void PoolerGemm::run_publish(const void* x, void* out, int m, cudaStream_t stream) const {
   SPARK_CHECK(mailbox_ != nullptr, "pooler GEMM: run_publish needs Options::mailbox");
+  mailbox_->check();
   check_run(x, out, m);
   launch(x, out, m, /*publish=*/true, stream);
 }

@@ -5,37 +5,15 @@
 #include <random>
 #include <thread>
 
+#include "reference/mailbox_payload.h"
 #include "spark_decode/bf16.h"
 #include "spark_decode/reference.h"
 
 namespace spark_decode::tool {
+
+using reference::splitmix64;
 namespace {
 
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-// Distance of |p| to the nearest E2M1 rounding threshold, relative to it.
-double e2m1_threshold_distance(float p) {
-  const double a = std::fabs(static_cast<double>(p));
-  double best = 1e300;
-  for (double t : {0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0}) best = std::min(best, std::fabs(a - t) / t);
-  return best;
-}
-
-// Distance of |v| to the nearest E4M3 rounding midpoint, relative to it.
-double e4m3_midpoint_distance(float v) {
-  const double a = std::fabs(static_cast<double>(v));
-  double best = 1e300;
-  for (int c = 0; c < 0x7e; ++c) {
-    const double mid = (e4m3_to_float(uint8_t(c)) + e4m3_to_float(uint8_t(c + 1))) / 2;
-    best = std::min(best, std::fabs(a - mid) / mid);
-  }
-  return best;
-}
 
 // Runs fn(begin, end) over [0, n) split across the host's threads.
 template <typename Fn>
@@ -153,7 +131,7 @@ Nvfp4Comparison compare_nvfp4_with_reference(const uint16_t* y, int rows, int co
         // Only rcp.approx(6) against the exact 1/6 moves a scale: a neighbour,
         // at an E4M3 midpoint. Its codes then follow another scale.
         const bool allowed = std::abs(int(a_sf[at]) - int(rsf[at])) == 1 &&
-                             e4m3_midpoint_distance(gs * (vmax * (1.0f / 6.0f))) <= 0x1p-20;
+                             reference::e4m3_midpoint_distance(gs * (vmax * (1.0f / 6.0f))) <= 0x1p-20;
         ++(allowed ? c.boundary : c.violations);
         c.elements += kNvfp4Block;
         continue;
@@ -166,7 +144,7 @@ Nvfp4Comparison compare_nvfp4_with_reference(const uint16_t* y, int rows, int co
         const uint8_t g = (a[byte] >> (4 * (i & 1))) & 0xf, want = (ra[byte] >> (4 * (i & 1))) & 0xf;
         if (g == want) continue;
         const bool allowed = (g & 8) == (want & 8) && std::abs(int(g & 7) - int(want & 7)) == 1 &&
-                             e2m1_threshold_distance(yb[i] * os) <= 0x1p-20;
+                             reference::e2m1_threshold_distance(yb[i] * os) <= 0x1p-20;
         ++(allowed ? c.boundary : c.violations);
       }
     }
@@ -178,22 +156,6 @@ Nvfp4Comparison compare_nvfp4_with_reference(const uint16_t* y, int rows, int co
   return c;
 }
 
-uint16_t payload_bits(uint64_t seed, int64_t call, int source, int row, int col) {
-  uint64_t h = splitmix64(seed ^ splitmix64(uint64_t(call) * 0x100000001b3ull + uint64_t(source) * 0x1000193ull));
-  h = splitmix64(h ^ (uint64_t(row) << 32) ^ uint64_t(col));
-  const uint16_t sign = (h >> 8) & 1 ? 0x8000 : 0;
-  const uint16_t mant = uint16_t(1 + (h >> 9) % 127);
-  switch (h % 16) {
-    case 0:
-    case 1: return 0x8000;                // -0.0
-    case 2: return 0x0000;                // +0.0
-    case 3: return sign | 0x7f80 | mant;  // NaN with a payload
-    case 4: return sign | 0x7f80;         // +-Inf
-    case 5: return 0x8000 | mant;         // negative subnormal (flush-to-zero would make it -0.0)
-    case 6: return mant;                  // positive subnormal
-    default: return uint16_t(h >> 16);    // anything, the sentinel included
-  }
-}
 
 std::vector<uint16_t> normal_bf16(size_t count, uint64_t seed, float scale) {
   std::vector<uint16_t> out(count);

@@ -49,13 +49,6 @@ struct Nvfp4Comparison {
 Nvfp4Comparison compare_nvfp4_with_reference(const uint16_t* y, int rows, int cols, float gs, const uint8_t* a,
                                              const uint8_t* a_sf, ScaleLayout layout);
 
-// BF16 bit patterns for the mailbox: -0.0 (which must arrive as +0.0),
-// +0.0, NaNs with payloads, infinities, subnormals of both signs and random
-// bits (the sentinel included), as a pure function of its arguments.
-uint16_t payload_bits(uint64_t seed, int64_t call, int source, int row, int col);
-// What a consumer reads for a published value: -0.0 as +0.0.
-inline uint16_t arrived_bits(uint16_t bits) { return bits == 0x8000 ? 0 : bits; }
-
 // N(0, scale^2) BF16 values from `seed` (host).
 std::vector<uint16_t> normal_bf16(size_t count, uint64_t seed, float scale = 1.0f);
 // Rows as the norm sees them: normal at a random scale per row (2^-8..2^8),

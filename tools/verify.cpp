@@ -11,6 +11,17 @@
 
 namespace spark_decode::tool {
 
+void Tally::declare(const std::string& name, const std::string& shape, const std::string& against, Rule rule,
+                    const std::string& note) {
+  Check c;
+  c.name = name;
+  c.shape = shape;
+  c.against = against;
+  c.rule = rule;
+  c.note = note;
+  add(c);
+}
+
 void Tally::add(const Check& part) {
   std::lock_guard<std::mutex> lock(mu_);
   for (Check& c : checks_)

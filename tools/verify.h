@@ -54,6 +54,14 @@ struct Check {
   std::string note;
   bool pass() const { return elements > 0 && mismatches == 0 && tolerated <= tolerated_limit; }
 };
+// The counts of one piece of a check (Tally::add sums them under the name).
+inline Check part(const std::string& name, int64_t elements, int64_t mismatches) {
+  Check c;
+  c.name = name;
+  c.elements = elements;
+  c.mismatches = mismatches;
+  return c;
+}
 
 struct VerifyReport {
   bool gpu_ran = false;
@@ -81,6 +89,9 @@ class Tally {
   // Adds part's counts to the check of its name (created from part, with
   // its other fields, on first use; a note is kept once).
   void add(const Check& part);
+  // A row with no counts yet (the table's order is the order of these).
+  void declare(const std::string& name, const std::string& shape, const std::string& against, Rule rule,
+               const std::string& note = "");
   std::vector<Check> checks() const;
 
  private:

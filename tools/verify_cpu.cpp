@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "reference/mailbox_model.h"
+#include "reference/mailbox_payload.h"
 #include "spark_decode/bf16.h"
 #include "spark_decode/error.h"
 #include "spark_decode/model_shape.h"
@@ -20,6 +21,10 @@
 #include "verify.h"
 
 namespace spark_decode::tool {
+
+using reference::arrived_bits;
+using reference::payload_bits;
+
 namespace {
 
 // The small shape: every tp of 1..8 splits it into 16-column NVFP4 blocks
@@ -36,14 +41,6 @@ const char* const kNvfp4 = "NVFP4 reference";
 const char* const kModel = "mailbox protocol (CPU model)";
 const char* const kUnpooler = "unpooler boundary (CPU model)";
 std::string pooler_check(OutputFormat f) { return std::string("pooler boundary, ") + format_name(f) + " (CPU model)"; }
-
-Check part(const std::string& name, int64_t elements, int64_t mismatches) {
-  Check c;
-  c.name = name;
-  c.elements = elements;
-  c.mismatches = mismatches;
-  return c;
-}
 
 ScaleLayout layout_of(OutputFormat f) {
   return f == OutputFormat::nvfp4_swizzled ? ScaleLayout::swizzled : ScaleLayout::linear;
@@ -251,30 +248,22 @@ void check_pooler_boundary(Tally& tally, reference::MailboxModel& model, const I
 }
 
 void register_checks(Tally& tally, int tp) {
-  auto add = [&](const std::string& name, const std::string& shape, const std::string& against, Rule rule,
-                 const std::string& note = "") {
-    Check c;
-    c.name = name;
-    c.shape = shape;
-    c.against = against;
-    c.rule = rule;
-    c.note = note;
-    tally.add(c);
-  };
   const std::string P = std::to_string(kP), H = std::to_string(kH);
-  add(kGemm, "m = 16, N x K = " + H + " x " + P + ", " + P + " x " + H, "long-double sums, reverse order",
-      Rule::gemm_bound);
+  tally.declare(kGemm, "m = 16, N x K = " + H + " x " + P + ", " + P + " x " + H, "long-double sums, reverse order",
+                Rule::gemm_bound);
   const std::string rows = detail::concat("[", kRows, ", ", kP, "]");
-  add(kNorm, rows, "long-double norm", Rule::one_ulp);
-  add(kNvfp4, rows, "nearest-value search, both layouts", Rule::bits,
-      "every E4M3 and E2M1 value searched; 5 global scales");
-  add(kModel, "[b, " + std::to_string(kP / tp) + " | " + std::to_string(kH / tp) + "] per rank",
-      "every rank's block, concatenated", Rule::bits, "payloads with -0.0, NaNs, infinities, subnormals; 39 calls");
-  add(kUnpooler, "[b, " + P + "] -> [b, " + std::to_string(kH / tp) + "] per rank", "the whole GEMM", Rule::bits);
+  tally.declare(kNorm, rows, "long-double norm", Rule::one_ulp);
+  tally.declare(kNvfp4, rows, "nearest-value search, both layouts", Rule::bits,
+                "every E4M3 and E2M1 value searched; 5 global scales");
+  tally.declare(kModel, "[b, " + std::to_string(kP / tp) + " | " + std::to_string(kH / tp) + "] per rank",
+                "every rank's block, concatenated", Rule::bits,
+                "payloads with -0.0, NaNs, infinities, subnormals; 39 calls");
+  tally.declare(kUnpooler, "[b, " + P + "] -> [b, " + std::to_string(kH / tp) + "] per rank", "the whole GEMM",
+                Rule::bits);
   for (OutputFormat f : kFormats)
-    add(pooler_check(f), "[b, " + H + "] -> [b, " + P + "]",
-        std::string("the whole GEMM + norm") + (f == OutputFormat::bf16 ? "" : " + NVFP4"),
-        f == OutputFormat::bf16 ? Rule::bits_but_zero : Rule::bits);
+    tally.declare(pooler_check(f), "[b, " + H + "] -> [b, " + P + "]",
+                  std::string("the whole GEMM + norm") + (f == OutputFormat::bf16 ? "" : " + NVFP4"),
+                  f == OutputFormat::bf16 ? Rule::bits_but_zero : Rule::bits);
 }
 
 }  // namespace

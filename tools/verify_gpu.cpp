@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "harness.h"
+#include "reference/mailbox_payload.h"
 #include "spark_decode/bf16.h"
 #include "spark_decode/error.h"
 #include "spark_decode/expert_norm.h"
@@ -26,9 +27,14 @@
 #include "verify.h"
 
 namespace spark_decode::tool {
+
+using reference::arrived_bits;
+using reference::payload_bits;
+
 namespace {
 
 using bench::DeviceMemory;
+using bench::Stream;
 
 constexpr int kBatches[] = {1, 7, 16};
 constexpr int kCap = kMaxBatch;
@@ -46,18 +52,6 @@ const char* const kQuantLinear = "nvfp4_quantize, linear scales";
 const char* const kQuantSwizzled = "nvfp4_quantize, swizzled scales";
 std::string pooler_check(OutputFormat f) { return std::string("Pooler, ") + format_name(f); }
 
-class Stream {
- public:
-  Stream() { CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
-  ~Stream() { cudaStreamDestroy(s_); }
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-  operator cudaStream_t() const { return s_; }
-
- private:
-  cudaStream_t s_;
-};
-
 template <typename T>
 std::vector<T> down(const void* p, size_t count, cudaStream_t stream) {
   std::vector<T> v(count);
@@ -74,45 +68,28 @@ void poison(const DeviceMemory& d, size_t bytes, cudaStream_t stream, int byte =
   CUDA_CHECK(cudaMemsetAsync(d.get(), byte, bytes, stream));
 }
 
-Check part(const std::string& name, int64_t elements, int64_t mismatches) {
-  Check c;
-  c.name = name;
-  c.elements = elements;
-  c.mismatches = mismatches;
-  return c;
-}
-
 std::string dims(int64_t a, int64_t b) { return detail::concat("[", a, ", ", b, "]"); }
 
 // The table's rows in order, before any rank adds to them.
 void register_checks(Tally& tally, int tp) {
   const int H = kMuseSpark.hidden, P = kMuseSpark.pooled;
-  auto add = [&](const std::string& name, const std::string& shape, const std::string& against, Rule rule,
-                 const std::string& note = "") {
-    Check c;
-    c.name = name;
-    c.shape = shape;
-    c.against = against;
-    c.rule = rule;
-    c.note = note;
-    tally.add(c);
-  };
-  add(kUnpoolerGemm, "[b, " + std::to_string(P) + "] x " + dims(H / tp, P) + "^T", "FP64 CPU reference",
-      Rule::gemm_bound);
-  add(kPoolerGemm, "[b, " + std::to_string(H) + "] x " + dims(P / tp, H) + "^T", "FP64 CPU reference",
-      Rule::gemm_bound);
-  add(kMailbox, "[b, " + std::to_string(P / tp) + " | " + std::to_string(H / tp) + "] per rank",
-      "every rank's block, concatenated", Rule::bits,
-      "payloads with -0.0, NaNs, infinities, subnormals; 6 calls per width (every stage)");
-  add(kZeroCopy, "[b, " + std::to_string(H / tp) + "] per rank", "plain Unpooler + all-gather (host)", Rule::bits);
+  tally.declare(kUnpoolerGemm, "[b, " + std::to_string(P) + "] x " + dims(H / tp, P) + "^T", "FP64 CPU reference",
+                Rule::gemm_bound);
+  tally.declare(kPoolerGemm, "[b, " + std::to_string(H) + "] x " + dims(P / tp, H) + "^T", "FP64 CPU reference",
+                Rule::gemm_bound);
+  tally.declare(kMailbox, "[b, " + std::to_string(P / tp) + " | " + std::to_string(H / tp) + "] per rank",
+                "every rank's block, concatenated", Rule::bits,
+                "payloads with -0.0, NaNs, infinities, subnormals; 6 calls per width (every stage)");
+  tally.declare(kZeroCopy, "[b, " + std::to_string(H / tp) + "] per rank", "plain Unpooler + all-gather (host)",
+                Rule::bits);
   for (OutputFormat f : kFormats)
-    add(pooler_check(f), "[b, " + std::to_string(H) + "] -> [b, " + std::to_string(P) + "]",
-        "all-gather + ExpertNorm" + std::string(f == OutputFormat::bf16 ? "" : " + nvfp4_quantize"),
-        f == OutputFormat::bf16 ? Rule::bits_but_zero : Rule::bits,
-        "Pooler.run and project + publish + gather, into caller-owned outputs");
-  add(kExpertNorm, dims(kNormRows, P), "FP64 CPU reference", Rule::one_ulp);
-  add(kQuantLinear, dims(kNormRows, P), "CPU reference", Rule::nvfp4_boundary, "5 global scales");
-  add(kQuantSwizzled, dims(kNormRows, P), "CPU reference", Rule::nvfp4_boundary, "5 global scales");
+    tally.declare(pooler_check(f), "[b, " + std::to_string(H) + "] -> [b, " + std::to_string(P) + "]",
+                  "all-gather + ExpertNorm" + std::string(f == OutputFormat::bf16 ? "" : " + nvfp4_quantize"),
+                  f == OutputFormat::bf16 ? Rule::bits_but_zero : Rule::bits,
+                  "Pooler.run and project + publish + gather, into caller-owned outputs");
+  tally.declare(kExpertNorm, dims(kNormRows, P), "FP64 CPU reference", Rule::one_ulp);
+  tally.declare(kQuantLinear, dims(kNormRows, P), "CPU reference", Rule::nvfp4_boundary, "5 global scales");
+  tally.declare(kQuantSwizzled, dims(kNormRows, P), "CPU reference", Rule::nvfp4_boundary, "5 global scales");
 }
 
 struct Rank {
@@ -278,16 +255,7 @@ struct Outputs {
       : P(P_), normed(size_t(2) * kCap * P), a(size_t(kCap) * P / 2),
         a_sf(size_t(nvfp4_scale_rows(kCap, ScaleLayout::swizzled)) * nvfp4_scale_cols(P, ScaleLayout::swizzled)) {}
   PoolerOutput view(OutputFormat f, int b, int device) const {
-    const PoolerOutputSpec spec = pooler_output_spec(f, b, P);
-    PoolerOutput o;
-    o.format = f;
-    if (f == OutputFormat::bf16) {
-      o.normed = TensorRef::contiguous(normed.get(), DType::bf16, {b, P}, device);
-    } else {
-      o.a = TensorRef::contiguous(a.get(), DType::u8, {b, P / 2}, device);
-      o.a_sf = TensorRef::contiguous(a_sf.get(), DType::e4m3, {spec.a_sf.shape[0], spec.a_sf.shape[1]}, device);
-    }
-    return o;
+    return pooler_output_in(f, b, P, normed.get(), a.get(), a_sf.get(), device);
   }
   void poison_all(cudaStream_t s) const {
     poison(normed, size_t(2) * kCap * P, s);

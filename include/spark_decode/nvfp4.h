@@ -81,6 +81,13 @@ uint8_t nvfp4_quantize_block(const float* y16, float global_scale, uint8_t* pack
 void nvfp4_quantize(const uint16_t* y, int rows, int cols, float global_scale, uint8_t* a, uint8_t* a_sf,
                     ScaleLayout layout = ScaleLayout::linear);
 
+// Where the GPU may differ from this reference (its rcp.approx against exact
+// division moves a value across a rounding boundary): the distance of |p| to
+// the nearest E2M1 rounding threshold, and of |v| to the nearest E4M3
+// rounding midpoint, each relative to it.
+double e2m1_threshold_distance(float p);
+double e4m3_midpoint_distance(float v);
+
 }  // namespace reference
 
 // ---- 3. the stock quantize kernel ------------------------------------------------

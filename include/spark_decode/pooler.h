@@ -128,6 +128,10 @@ struct PoolerOutputSpec {
   TensorRef a, a_sf, normed;  // data null; dtype, shape filled
 };
 PoolerOutputSpec pooler_output_spec(OutputFormat format, int b, int pooled);
+// The outputs of pooler_output_spec(format, b, pooled) over caller memory on
+// `device`: `normed` for bf16, `a` and `a_sf` for the NVFP4 formats (the
+// others unused, may be null).
+PoolerOutput pooler_output_in(OutputFormat format, int b, int pooled, void* normed, void* a, void* a_sf, int device);
 
 // The parts of one stock MuseSpark MoE layer pooler_layer() reads (the C++
 // stand-in of the model module's attributes).

@@ -14,7 +14,6 @@ Run: PYTHONPATH=<build>/python python -m pytest python/tests
 from __future__ import annotations
 
 import os
-import random
 import tempfile
 import types
 
@@ -28,38 +27,12 @@ if torch.cuda.get_device_capability(0)[0] < 9:
 
 import spark_decode as sd  # noqa: E402
 
-POISON = -1  # int16 bits 0xffff: a BF16 NaN no kernel writes
+from _gpu_util import POISON, check_gemm, generator, poisoned, randn, seed  # noqa: E402
 
 
 @pytest.fixture
 def gen(request):
-    seed = int(os.environ.get("SPARK_TEST_SEED", random.getrandbits(63)))
-    print(f"[{request.node.name}] seed {seed} (SPARK_TEST_SEED to replay)")
-    g = torch.Generator(device="cuda")
-    g.manual_seed(seed)
-    return g
-
-
-def randn(gen, *shape, scale=1.0):
-    return (torch.randn(*shape, generator=gen, device="cuda") * scale).to(torch.bfloat16)
-
-
-def poisoned(*shape):
-    return torch.full(shape, POISON, dtype=torch.int16, device="cuda").view(torch.bfloat16)
-
-
-def check_gemm(x, w, y):
-    """Every element within the unpooler's bound of the FP64 product: one BF16
-    rounding plus FP32 accumulation over K (the C++ tests' bound)."""
-    xd, wd = x.double(), w.double()
-    want = xd @ wd.T
-    magnitude = xd.abs() @ wd.abs().T
-    k = x.shape[1]
-    bound = want.abs() * 2.0**-8 + magnitude * (k * 2.0**-23) + 2.0**-133
-    got = y.double()
-    assert torch.isfinite(got).all(), "an output element is poison or not finite"
-    worst = ((got - want).abs() / bound).max().item()
-    assert worst <= 1.0, f"worst |err|/bound {worst}"
+    return generator(seed(request.node.name))
 
 
 # ---- Unpooler ------------------------------------------------------------------

@@ -115,5 +115,22 @@ void nvfp4_quantize(const uint16_t* y, int rows, int cols, float global_scale, u
     }
 }
 
+double e2m1_threshold_distance(float p) {
+  const double a = std::fabs(static_cast<double>(p));
+  double best = 1e300;
+  for (double t : {0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0}) best = std::min(best, std::fabs(a - t) / t);
+  return best;
+}
+
+double e4m3_midpoint_distance(float v) {
+  const double a = std::fabs(static_cast<double>(v));
+  double best = 1e300;
+  for (int c = 0; c < 0x7e; ++c) {
+    const double mid = (e4m3_to_float(uint8_t(c)) + e4m3_to_float(uint8_t(c + 1))) / 2;
+    best = std::min(best, std::fabs(a - mid) / mid);
+  }
+  return best;
+}
+
 }  // namespace reference
 }  // namespace spark_decode

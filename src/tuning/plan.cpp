@@ -28,19 +28,17 @@ const char* op_name(PlanOp op) { return op == PlanOp::unpooler ? "unpooler" : "p
 
 int splitk_max_warps(int kw, int row_tiles) { return kernels::splitk_max_threads(kw, row_tiles) / 32; }
 
+// The least m a token tile of 16 serves ("never" if none): how the split-K
+// and on-chip tactics print their tiles.
+static std::string first_tile16_m(const std::array<int, kMaxBatch>& token_tile) {
+  for (int m = 1; m <= kMaxBatch; ++m)
+    if (token_tile[m - 1] == 16) return std::to_string(m);
+  return "never";
+}
+
 std::string SplitKTactic::to_string() const {
   std::ostringstream os;
-  os << "S=" << splits << " kw=" << kw << " accs=" << accs << " tile16_from_m=";
-  int from = 0;
-  for (int m = 1; m <= kMaxBatch; ++m)
-    if (token_tile[m - 1] == 16) {
-      from = m;
-      break;
-    }
-  if (from)
-    os << from;
-  else
-    os << "never";
+  os << "S=" << splits << " kw=" << kw << " accs=" << accs << " tile16_from_m=" << first_tile16_m(token_tile);
   // Row tiles only when used: the m served with R tiles (16R rows per CTA),
   // as ranges ("1-8,16").
   for (int rows : kSplitKRowTiles) {
@@ -138,17 +136,7 @@ int OnchipTactic::stage_warps_for(int k) const {
 
 std::string OnchipTactic::to_string() const {
   std::ostringstream os;
-  os << "S=" << splits << " kw=" << kw << " accs=" << accs << " tile16_from_m=";
-  int from = 0;
-  for (int m = 1; m <= kMaxBatch; ++m)
-    if (token_tile[m - 1] == 16) {
-      from = m;
-      break;
-    }
-  if (from)
-    os << from;
-  else
-    os << "never";
+  os << "S=" << splits << " kw=" << kw << " accs=" << accs << " tile16_from_m=" << first_tile16_m(token_tile);
   if (stage_warps > 0) os << " stage_warps=" << stage_warps;
   if (cluster_balance && splits > 1) os << " cluster_balance";
   return os.str();

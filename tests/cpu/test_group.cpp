@@ -9,13 +9,13 @@
 #include <thread>
 #include <vector>
 
-#include "mailbox_payload.h"
+#include "reference/mailbox_payload.h"
 #include "spark_decode/error.h"
 #include "spark_decode/group.h"
 #include "test_seed.h"
 
 namespace sd = spark_decode;
-using sd::testing::splitmix64;
+using sd::reference::splitmix64;
 
 namespace {
 

@@ -13,15 +13,15 @@
 #include <thread>
 #include <vector>
 
-#include "mailbox_payload.h"
+#include "reference/mailbox_payload.h"
 #include "reference/mailbox_model.h"
 #include "test_seed.h"
 
 namespace sd = spark_decode;
 using sd::reference::MailboxModel;
 using sd::reference::MailboxTimeout;
-using sd::testing::arrived_bits;
-using sd::testing::payload_bits;
+using sd::reference::arrived_bits;
+using sd::reference::payload_bits;
 
 namespace {
 

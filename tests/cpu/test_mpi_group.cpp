@@ -7,14 +7,14 @@
 #include <random>
 #include <vector>
 
-#include "mailbox_payload.h"
+#include "reference/mailbox_payload.h"
 #include "mpi_gtest_main.h"
 #include "test_seed.h"
 #include "spark_decode/error.h"
 #include "spark_decode/mpi_group.h"
 
 namespace sd = spark_decode;
-using sd::testing::splitmix64;
+using sd::reference::splitmix64;
 
 namespace {
 

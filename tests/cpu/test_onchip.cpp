@@ -9,12 +9,15 @@
 #include <vector>
 
 #include "kernels/gemm/onchip_mma_config.h"
+#include "plan_test_util.h"
 #include "spark_decode/model_shape.h"
 #include "spark_decode/plan.h"
 #include "spark_decode/pooler_gemm.h"
 #include "spark_decode/unpooler.h"
 
 namespace sd = spark_decode;
+using sd::testing::h200_rows;
+using sd::testing::table_reason;
 namespace onchip = sd::kernels::onchip;
 
 namespace {
@@ -30,17 +33,6 @@ sd::OnchipTactic tactic(int s, int kw, int accs) {
   t.kw = kw;
   t.accs = accs;
   return t;
-}
-
-std::string table_reason(const std::vector<sd::PlanRow>& rows) {
-  const sd::PlanTable t{"test", rows.data(), static_cast<int>(rows.size())};
-  const auto why = sd::plan_table_unsupported(t);
-  return why ? *why : "(none)";
-}
-
-std::vector<sd::PlanRow> h200_rows() {
-  const auto& t = sd::plan_table();
-  return {t.rows, t.rows + t.size};
 }
 
 }  // namespace

@@ -7,26 +7,14 @@
 #include <string>
 #include <vector>
 
+#include "plan_test_util.h"
 #include "spark_decode/plan.h"
 #include "spark_decode/pooler_gemm.h"
 #include "spark_decode/unpooler.h"
 
 namespace sd = spark_decode;
-
-namespace {
-
-std::string table_reason(const std::vector<sd::PlanRow>& rows) {
-  const sd::PlanTable t{"test", rows.data(), static_cast<int>(rows.size())};
-  const auto why = sd::plan_table_unsupported(t);
-  return why ? *why : "(none)";
-}
-
-std::vector<sd::PlanRow> h200_rows() {
-  const auto& t = sd::plan_table();
-  return {t.rows, t.rows + t.size};
-}
-
-}  // namespace
+using sd::testing::h200_rows;
+using sd::testing::table_reason;
 
 TEST(PlanTable, TheMachinesTableKeepsItsRules) {
   EXPECT_STREQ(sd::plan_table().machine, "nvidia-h200");

@@ -4,7 +4,7 @@
 // the first mismatch; the caller reports it.
 //
 // Expected values never come from the code under test: payloads are a pure
-// function of (seed, call, source, row, col) (tests/cpu/mailbox_payload.h),
+// function of (seed, call, source, row, col) (src/reference/mailbox_payload.h),
 // -0.0 must arrive as +0.0, call k of a fresh mailbox runs on stage k % 3,
 // its layout is [3][tp][capacity][width] and its state words are
 // NEXT = ((k + 1) % 3) << 16 | b_k and ACTIVE = (k % 3) << 16 | b_{k-1}.
@@ -22,12 +22,15 @@
 #include <string>
 #include <vector>
 
-#include "../cpu/mailbox_payload.h"
 #include "gpu_test_util.h"
+#include "reference/mailbox_payload.h"
 #include "spark_decode/error.h"
 #include "spark_decode/mailbox.h"
 
 namespace spark_decode::testing::mailbox_tests {
+
+using reference::arrived_bits;
+using reference::payload_bits;
 
 #define MB_REQUIRE(cond, ...)                                                              \
   do {                                                                                     \

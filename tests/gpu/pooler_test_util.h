@@ -111,6 +111,22 @@ inline std::vector<uint16_t> normal_bf16(size_t count, uint64_t seed, float scal
   return out;
 }
 
+// GEMM operands of one distribution: w [n, k] and x [m, k] BF16 bits.
+// normal: small weights as in the model; the others from random_bf16
+// (outliers, -0.0 / subnormal mixes; scaled: x large and w small, so that
+// neither products nor sums leave FP32's normal range).
+struct GemmOperands {
+  std::vector<uint16_t> w, x;
+};
+inline GemmOperands gemm_operands(int n, int k, int m, Dist dist, uint64_t seed) {
+  if (dist == Dist::normal) return {normal_bf16(size_t(n) * k, seed, 0.05f), normal_bf16(size_t(m) * k, seed + 1)};
+  std::mt19937_64 g(seed);
+  GemmOperands o;
+  o.w = random_bf16(size_t(n) * k, dist, dist == Dist::scaled ? -30 : 0, g);
+  o.x = random_bf16(size_t(m) * k, dist, dist == Dist::scaled ? 20 : 0, g);
+  return o;
+}
+
 // out[m, n] (BF16 bits) against the FP64 reference of x[m, k] @ w[n, k]^T:
 //   |out - exact| <= 2^-8 |exact| + K 2^-23 sum|x w| + 2^-126
 // (the final BF16 rounding; twice FP32's worst-case summation error; the

@@ -56,16 +56,9 @@ struct Operands {
   DeviceBuffer dw, dx;
   Operands(int n_, int k_, Dist dist, uint64_t seed)
       : n(n_), k(k_), dw(size_t(n_) * k_ * 2), dx(size_t(M) * k_ * 2) {
-    if (dist == Dist::normal) {
-      w = normal_bf16(size_t(n) * k, seed, 0.05f);
-      x = normal_bf16(size_t(M) * k, seed + 1);
-    } else {
-      std::mt19937_64 g(seed);
-      // scaled: x large and w small, so that neither products nor sums leave
-      // FP32's normal range.
-      w = random_bf16(size_t(n) * k, dist, dist == Dist::scaled ? -30 : 0, g);
-      x = random_bf16(size_t(M) * k, dist, dist == Dist::scaled ? 20 : 0, g);
-    }
+    auto o = gemm_operands(n, k, M, dist, seed);
+    w = std::move(o.w);
+    x = std::move(o.x);
     dw.upload(w.data(), w.size() * 2);
     dx.upload(x.data(), x.size() * 2);
   }

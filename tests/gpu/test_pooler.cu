@@ -15,8 +15,10 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 
 #include "pooler_test_util.h"
@@ -36,38 +38,59 @@ struct Shared {
   std::vector<std::vector<uint16_t>> shards;  // by rank: [layers][b][P/tp]
 };
 
+// L layers of one rank: this rank's rows of a [P, H] pooler weight, a norm
+// weight and a global scale per layer, all functions of (seed, layer);
+// format_of_layer(l) gives the layer's format, or nullopt for an edge layer
+// (BF16, no global scale).
+struct RandomLayers {
+  DeviceBuffer w, nw, gs;
+  std::vector<sd::PoolerLayer> layers;
+  RandomLayers(int L, int tp, int rank, int pooled, int device, uint64_t seed,
+               const std::function<std::optional<sd::OutputFormat>(int)>& format_of_layer)
+      : w(size_t(L) * (pooled / tp) * sd::kMuseSpark.hidden * 2), nw(size_t(L) * pooled * 2), gs(size_t(L) * 4),
+        layers(L) {
+    const int H = sd::kMuseSpark.hidden, shard = pooled / tp;
+    std::vector<float> scales(L);
+    for (int l = 0; l < L; ++l) {
+      const auto full = normal_bf16(size_t(pooled) * H, seed + 100 * l, 0.02f);
+      CUDA_CHECK(cudaMemcpy(w.as<uint16_t>() + size_t(l) * shard * H, full.data() + size_t(rank) * shard * H,
+                            size_t(shard) * H * 2, cudaMemcpyHostToDevice));
+      const auto n = normal_bf16(pooled, seed + 100 * l + 1, 0.2f);
+      CUDA_CHECK(cudaMemcpy(nw.as<uint16_t>() + size_t(l) * pooled, n.data(), pooled * 2, cudaMemcpyHostToDevice));
+      scales[l] = std::ldexp(1.0f + 0.01f * l, (l % 9) - 2);
+      layers[l].weight = sd::TensorRef::contiguous(w.as<uint16_t>() + size_t(l) * shard * H, sd::DType::bf16,
+                                                   {shard, H}, device);
+      layers[l].norm_weight = sd::TensorRef::contiguous(nw.as<uint16_t>() + size_t(l) * pooled, sd::DType::bf16,
+                                                        {pooled}, device);
+      layers[l].eps = l % 2 ? 1e-6f : 1e-5f;
+      layers[l].gain_center = 1.0f;
+      if (const auto f = format_of_layer(l)) {
+        layers[l].global_scale = sd::TensorRef::contiguous(gs.as<float>() + l, sd::DType::f32, {1}, device);
+        layers[l].format = *f;
+      }
+    }
+    gs.upload(scales.data(), L * 4);
+  }
+};
+
+// Every format in turn: normed BF16 rows (what Hopper's weight-only MoE
+// kernels take), linear and swizzled scales.
+sd::OutputFormat format_by_thirds(int l) {
+  return l % 3 == 0 ? sd::OutputFormat::bf16 : l % 3 == 1 ? sd::OutputFormat::nvfp4 : sd::OutputFormat::nvfp4_swizzled;
+}
+
 void pooler_steps(sd::Group& group, int device, int pooled, int steps, const std::vector<int>& batches,
                   std::optional<sd::PoolerGemmChoice> gemm, bool pdl, uint64_t seed, Shared& shared) {
   const int tp = group.size(), rank = group.rank(), H = sd::kMuseSpark.hidden, L = sd::kMuseSpark.layers;
   const int shard = pooled / tp, cap = sd::kMaxBatch;
-  // Weights: W_full [P, H] per layer (this rank keeps its rows), norm
-  // weights, global scales; all a function of (seed, layer).
-  DeviceBuffer w(size_t(L) * shard * H * 2), nw(size_t(L) * pooled * 2), gs(size_t(L) * 4);
-  std::vector<float> scales(L);
-  std::vector<sd::PoolerLayer> layers(L);
-  for (int l = 0; l < L; ++l) {
-    const auto full = normal_bf16(size_t(pooled) * H, seed + 100 * l, 0.02f);
-    CUDA_CHECK(cudaMemcpy(w.as<uint16_t>() + size_t(l) * shard * H, full.data() + size_t(rank) * shard * H,
-                          size_t(shard) * H * 2, cudaMemcpyHostToDevice));
-    const auto n = normal_bf16(pooled, seed + 100 * l + 1, 0.2f);
-    CUDA_CHECK(cudaMemcpy(nw.as<uint16_t>() + size_t(l) * pooled, n.data(), pooled * 2, cudaMemcpyHostToDevice));
-    scales[l] = std::ldexp(1.0f + 0.01f * l, (l % 9) - 2);
-    layers[l].weight = sd::TensorRef::contiguous(w.as<uint16_t>() + size_t(l) * shard * H, sd::DType::bf16,
-                                                 {shard, H}, device);
-    layers[l].norm_weight = sd::TensorRef::contiguous(nw.as<uint16_t>() + size_t(l) * pooled, sd::DType::bf16,
-                                                      {pooled}, device);
-    layers[l].eps = l % 2 ? 1e-6f : 1e-5f;
-    layers[l].gain_center = 1.0f;
-    if (l != 0 && l != L - 1) {
-      layers[l].global_scale = sd::TensorRef::contiguous(gs.as<float>() + l, sd::DType::f32, {1}, device);
-      // Every format among the NVFP4 layers: normed BF16 rows (what Hopper's
-      // weight-only MoE kernels take), linear and swizzled scales.
-      layers[l].format = l % 3 == 0   ? sd::OutputFormat::bf16
-                         : l % 3 == 1 ? sd::OutputFormat::nvfp4
-                                      : sd::OutputFormat::nvfp4_swizzled;
-    }
-  }
-  gs.upload(scales.data(), L * 4);
+  // Layers 0 and L - 1 are the BF16 edge layers; the NVFP4 layers take
+  // every format in turn.
+  RandomLayers rl(L, tp, rank, pooled, device, seed, [&](int l) -> std::optional<sd::OutputFormat> {
+    if (l == 0 || l == L - 1) return std::nullopt;
+    return format_by_thirds(l);
+  });
+  const auto& layers = rl.layers;
+  DeviceBuffer& gs = rl.gs;
   sd::PoolerOptions options;
   options.gemm = gemm;
   options.mailbox_guard_bytes = 4096;
@@ -81,19 +104,9 @@ void pooler_steps(sd::Group& group, int device, int pooled, int steps, const std
   DeviceBuffer x(size_t(L) * cap * H * 2), rec_shard(size_t(L) * cap * shard * 2), rec_a(size_t(L) * cap * pooled / 2),
       rec_sf(size_t(L) * sf_slot), rec_n(size_t(L) * cap * pooled * 2);
   auto record_of = [&](int l, int b, sd::OutputFormat format) {
-    const sd::PoolerOutputSpec spec = sd::pooler_output_spec(format, b, pooled);
-    sd::PoolerOutput o;
-    o.format = format;
-    if (format == sd::OutputFormat::bf16) {
-      o.normed = sd::TensorRef::contiguous(rec_n.as<uint16_t>() + size_t(l) * cap * pooled, sd::DType::bf16,
-                                           {b, pooled}, device);
-    } else {
-      o.a = sd::TensorRef::contiguous(rec_a.as<uint8_t>() + size_t(l) * cap * pooled / 2, sd::DType::u8,
-                                      {b, pooled / 2}, device);
-      o.a_sf = sd::TensorRef::contiguous(rec_sf.as<uint8_t>() + size_t(l) * sf_slot, sd::DType::e4m3,
-                                         {spec.a_sf.shape[0], spec.a_sf.shape[1]}, device);
-    }
-    return o;
+    return sd::pooler_output_in(format, b, pooled, rec_n.as<uint16_t>() + size_t(l) * cap * pooled,
+                                rec_a.as<uint8_t>() + size_t(l) * cap * pooled / 2,
+                                rec_sf.as<uint8_t>() + size_t(l) * sf_slot, device);
   };
   // One step over every layer: Pooler::run into scratch (copied out), into
   // the caller's outputs (the records themselves), or project + publish +
@@ -269,30 +282,17 @@ __global__ void soak_compare_kernel(const uint8_t* got, const uint8_t* expected,
 // number of calls checked.
 void pooler_soak(sd::Group& group, int device, int calls, uint64_t seed) {
   const int tp = group.size(), rank = group.rank(), H = sd::kMuseSpark.hidden, L = 6, pooled = sd::kMuseSpark.pooled;
-  const int shard = pooled / tp, cap = sd::kMaxBatch, kChunk = 500;
-  DeviceBuffer w(size_t(L) * shard * H * 2), nw(size_t(L) * pooled * 2), gs(size_t(L) * 4), x(size_t(L) * cap * H * 2);
-  std::vector<sd::PoolerLayer> layers(L);
-  std::vector<float> scales(L);
+  const int cap = sd::kMaxBatch, kChunk = 500;
+  DeviceBuffer x(size_t(L) * cap * H * 2);
   for (int l = 0; l < L; ++l) {
-    const auto full = normal_bf16(size_t(pooled) * H, seed + 100 * l, 0.02f);
-    CUDA_CHECK(cudaMemcpy(w.as<uint16_t>() + size_t(l) * shard * H, full.data() + size_t(rank) * shard * H,
-                          size_t(shard) * H * 2, cudaMemcpyHostToDevice));
-    const auto n = normal_bf16(pooled, seed + 100 * l + 1, 0.2f);
-    CUDA_CHECK(cudaMemcpy(nw.as<uint16_t>() + size_t(l) * pooled, n.data(), pooled * 2, cudaMemcpyHostToDevice));
     const auto xs = normal_bf16(size_t(cap) * H, seed + 100 * l + 2);
     CUDA_CHECK(cudaMemcpy(x.as<uint16_t>() + size_t(l) * cap * H, xs.data(), xs.size() * 2, cudaMemcpyHostToDevice));
-    scales[l] = std::ldexp(1.0f, l % 5);
-    layers[l].weight = sd::TensorRef::contiguous(w.as<uint16_t>() + size_t(l) * shard * H, sd::DType::bf16,
-                                                 {shard, H}, device);
-    layers[l].norm_weight = sd::TensorRef::contiguous(nw.as<uint16_t>() + size_t(l) * pooled, sd::DType::bf16,
-                                                      {pooled}, device);
-    layers[l].eps = 1e-5f;
-    layers[l].gain_center = 1.0f;
-    if (l % 3 != 0) layers[l].global_scale = sd::TensorRef::contiguous(gs.as<float>() + l, sd::DType::f32, {1}, device);
-    layers[l].format = l % 3 == 0 ? sd::OutputFormat::bf16 : l % 3 == 1 ? sd::OutputFormat::nvfp4
-                                                                        : sd::OutputFormat::nvfp4_swizzled;
   }
-  gs.upload(scales.data(), L * 4);
+  RandomLayers rl(L, tp, rank, pooled, device, seed, [](int l) -> std::optional<sd::OutputFormat> {
+    if (l % 3 == 0) return std::nullopt;
+    return format_by_thirds(l);
+  });
+  const auto& layers = rl.layers;
   std::vector<int> batches(cap);
   for (int b = 1; b <= cap; ++b) batches[b - 1] = b;
   sd::Pooler pooler(group, tp, rank, device, layers, batches, cap, true, sd::PoolerOptions{});
@@ -305,22 +305,7 @@ void pooler_soak(sd::Group& group, int device, int calls, uint64_t seed) {
                                codes_bytes + size_t(sd::nvfp4_scale_rows(cap, sd::ScaleLayout::swizzled)) * pooled / 16);
   DeviceBuffer out(size_t(kChunk) * slot);
   auto output_in = [&](uint8_t* base, int l, int b) {
-    const sd::PoolerOutputSpec spec = sd::pooler_output_spec(sd::format_of(layers[l]), b, pooled);
-    sd::PoolerOutput o;
-    o.format = sd::format_of(layers[l]);
-    if (o.format == sd::OutputFormat::bf16) {
-      o.normed = spec.normed;
-      o.normed.data = base;
-      o.normed.device = device;
-    } else {
-      o.a = spec.a;
-      o.a.data = base;
-      o.a.device = device;
-      o.a_sf = spec.a_sf;
-      o.a_sf.data = base + codes_bytes;
-      o.a_sf.device = device;
-    }
-    return o;
+    return sd::pooler_output_in(sd::format_of(layers[l]), b, pooled, base, base, base + codes_bytes, device);
   };
   auto x_of = [&](int l, int b) {
     return sd::TensorRef::contiguous(x.as<uint16_t>() + size_t(l) * cap * H, sd::DType::bf16, {b, H}, device);

@@ -22,30 +22,6 @@ namespace sd = spark_decode;
 using namespace sd::testing;
 using namespace sd::testing::pooler_tests;
 
-namespace {
-
-// Distance of |p| to the nearest E2M1 rounding threshold, relative to it.
-double e2m1_threshold_distance(float p) {
-  const double a = std::fabs(static_cast<double>(p));
-  double best = 1e300;
-  for (double t : {0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0}) best = std::min(best, std::fabs(a - t) / t);
-  return best;
-}
-
-// Distance of |v| to the nearest E4M3 rounding midpoint, relative to it.
-double e4m3_midpoint_distance(float v) {
-  const double a = std::fabs(static_cast<double>(v));
-  double best = 1e300;
-  for (int c = 0; c < 0x7e; ++c) {
-    const double lo = sd::e4m3_to_float(static_cast<uint8_t>(c)), hi = sd::e4m3_to_float(static_cast<uint8_t>(c + 1));
-    const double mid = (lo + hi) / 2;
-    best = std::min(best, std::fabs(a - mid) / mid);
-  }
-  return best;
-}
-
-}  // namespace
-
 TEST(PoolerNvfp4, GpuQuantizerEqualsCpuReferenceExceptRcpApprox) {
   SKIP_WITHOUT_GPU(1);
   const uint64_t seed = test_seed("nvfp4 gpu vs cpu");
@@ -84,7 +60,7 @@ TEST(PoolerNvfp4, GpuQuantizerEqualsCpuReferenceExceptRcpApprox) {
         ++sf_diffs;
         const float sf_value = gs * (vmax * (1.0f / 6.0f));
         ASSERT_EQ(std::abs(int(sf[blk]) - int(rsf[blk])), 1) << "gs " << gs << " block " << blk;
-        ASSERT_LE(e4m3_midpoint_distance(sf_value), 0x1p-20) << "gs " << gs << " block " << blk;
+        ASSERT_LE(sd::reference::e4m3_midpoint_distance(sf_value), 0x1p-20) << "gs " << gs << " block " << blk;
         continue;  // its codes use another scale
       }
       const float sff = sd::e4m3_to_float(rsf[blk]);
@@ -101,7 +77,7 @@ TEST(PoolerNvfp4, GpuQuantizerEqualsCpuReferenceExceptRcpApprox) {
         const float p = yb[i] * os;
         ASSERT_EQ(g & 8, r & 8) << "sign, gs " << gs << " block " << blk << " i " << i;
         ASSERT_EQ(std::abs(int(g & 7) - int(r & 7)), 1) << "gs " << gs << " block " << blk << " i " << i;
-        ASSERT_LE(e2m1_threshold_distance(p), 0x1p-20) << "gs " << gs << " block " << blk << " i " << i << " p " << p;
+        ASSERT_LE(sd::reference::e2m1_threshold_distance(p), 0x1p-20) << "gs " << gs << " block " << blk << " i " << i << " p " << p;
       }
     }
   }
@@ -213,17 +189,7 @@ void gemm_checks(const std::string& what, const std::vector<int>& ms, int n, int
                  Run run) {
   const int M = sd::kMaxBatch;
   POOLER_REQUIRE(!ms.empty() && ms.front() == 1, what, " serves no batch at n ", n, " k ", k);
-  // normal: small weights as in the model; the others from random_bf16
-  // (outliers, -0.0 / subnormal mixes, x large and w small for scaled).
-  std::vector<uint16_t> w, x;
-  if (dist == Dist::normal) {
-    w = normal_bf16(size_t(n) * k, seed, 0.05f);
-    x = normal_bf16(size_t(M) * k, seed + 1);
-  } else {
-    std::mt19937_64 g(seed);
-    w = random_bf16(size_t(n) * k, dist, dist == Dist::scaled ? -30 : 0, g);
-    x = random_bf16(size_t(M) * k, dist, dist == Dist::scaled ? 20 : 0, g);
-  }
+  const auto [w, x] = gemm_operands(n, k, M, dist, seed);
   DeviceBuffer dw(w.size() * 2), dx(x.size() * 2);
   dw.upload(w.data(), w.size() * 2);
   dx.upload(x.data(), x.size() * 2);

@@ -74,4 +74,33 @@ __device__ __forceinline__ void store_y_vec(const GemmArgs& a, uint32_t stage, i
                             mailbox_dev::publish_vec(y));
 }
 
+// The split-K engines' reduction and epilogue (splitk_mma and onchip_mma
+// share it, so their sums are the same by construction), once every warp
+// partial [kPartial floats, fragment order] of the CTA's kRows rows is in
+// `partials`, `total` of them in K order. Thread j sums element j of every
+// partial in that order (j in the fragment layout), so its shared-memory
+// reads are conflict-free; unrolled so they are in flight together. y goes
+// to shared memory first, to leave as 16-byte rows: item (token, c) is
+// features [8c, 8c + 8) of the CTA's rows for one token.
+template <int kNt, bool SWIZZLE, int kRows, int kPartial>
+__device__ __forceinline__ void sum_partials_and_store(const GemmArgs& args, uint32_t stage, const float* partials,
+                                                       int total, __nv_bfloat16* y_tile, int feature0) {
+  for (int j = threadIdx.x; j < kPartial; j += blockDim.x) {
+    const auto [token, row] = fragment_element<kNt, SWIZZLE>(j);
+    if (token >= args.m) continue;
+    float s = partials[j];
+#pragma unroll 8
+    for (int w = 1; w < total; ++w) s += partials[w * kPartial + j];
+    y_tile[token * kRows + row] = __float2bfloat16_rn(s);
+  }
+  __syncthreads();
+  constexpr int kVecsPerToken = kRows / 8;
+  for (int item = threadIdx.x; item < kVecsPerToken * args.m; item += blockDim.x) {
+    const int token = item / kVecsPerToken, col = feature0 + (item % kVecsPerToken) * 8;
+    // With a mailbox, the zero-copy publish: at the stage NEXT named, or
+    // the ticket's.
+    store_y_vec(args, stage, token, col, *reinterpret_cast<const uint4*>(y_tile + item * 8));
+  }
+}
+
 }  // namespace spark_decode::kernels

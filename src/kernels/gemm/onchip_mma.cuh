@@ -213,27 +213,8 @@ __global__ void __launch_bounds__(onchip::kMaxThreads) onchip_mma_kernel(const G
   }
   SPARK_TRACE_MARK(1, __float_as_uint(partials[0]));  // every partial is here
 
-  // Thread j sums element j of every partial in K order (j in the fragment
-  // layout: nt, lane (g, t), register i), so its reads are conflict-free;
-  // unrolled so they are in flight together. y goes to shared memory first,
-  // to leave as 16-byte rows.
-  const int total = splits * warps;
-  for (int j = threadIdx.x; j < kPartial; j += blockDim.x) {
-    const auto [token, row] = fragment_element<kNt, false>(j);
-    if (token >= args.m) continue;
-    float s = partials[j];
-#pragma unroll 8
-    for (int w = 1; w < total; ++w) s += partials[w * kPartial + j];
-    y_tile[token * kSplitKTileN + row] = __float2bfloat16_rn(s);
-  }
-  __syncthreads();
-
-  // Item (token, c): features [8c, 8c + 8) of the CTA's rows for one token,
-  // one 16-byte vector; 2 m items.
-  for (int item = threadIdx.x; item < 2 * args.m; item += blockDim.x) {
-    const int token = item / 2, col = feature0 + (item % 2) * 8;
-    store_y_vec(args, stage, token, col, *reinterpret_cast<const uint4*>(y_tile + item * 8));
-  }
+  // Partials in K order (fragment layout: nt, lane (g, t), register i).
+  sum_partials_and_store<kNt, false, kSplitKTileN, kPartial>(args, stage, partials, splits * warps, y_tile, feature0);
 }
 
 }  // namespace spark_decode::kernels

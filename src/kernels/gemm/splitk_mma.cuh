@@ -244,29 +244,10 @@ __global__ void __launch_bounds__(splitk_max_threads(KW, R))
     ptx::mbarrier_wait_parity(ptx::smem_addr(bar), 0);
   }
 
-  // Thread j sums element j of every partial in warp order w = 0, 1, ...
-  // (j in the fragment layout: row tile, nt, lane (g, t), register i), so
-  // its shared-memory reads are conflict-free; unrolled so they are in
-  // flight together. y goes to shared memory first, to leave as 16-byte rows.
-  const int total = splits * warps;
-  for (int j = threadIdx.x; j < kPartial; j += blockDim.x) {
-    const auto [token, row] = fragment_element<kNt, SWIZZLE>(j);
-    if (token >= args.m) continue;
-    float s = partials[j];
-#pragma unroll 8
-    for (int w = 1; w < total; ++w) s += partials[w * kPartial + j];
-    y_tile[token * kRowsPerCta + row] = __float2bfloat16_rn(s);
-  }
-  __syncthreads();
-
-  // Item (token, c): features [8c, 8c + 8) of the CTA's rows for one token,
-  // one 16-byte vector; 2 R m items over the block's threads.
-  for (int item = threadIdx.x; item < 2 * R * args.m; item += blockDim.x) {
-    const int token = item / (2 * R), col = feature0 + (item % (2 * R)) * 8;
-    // With a mailbox, the zero-copy publish: at the stage NEXT named, or
-    // the ticket's.
-    store_y_vec(args, stage, token, col, *reinterpret_cast<const uint4*>(y_tile + item * 8));
-  }
+  // Partials in warp order w = 0, 1, ... (fragment layout: row tile, nt,
+  // lane (g, t), register i).
+  sum_partials_and_store<kNt, SWIZZLE, kRowsPerCta, kPartial>(args, stage, partials, splits * warps, y_tile,
+                                                              feature0);
 }
 
 }  // namespace spark_decode::kernels

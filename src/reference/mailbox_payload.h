@@ -1,4 +1,4 @@
-// Test payloads for the mailbox: BF16 bit patterns that a float path would
+// Payloads for checking the mailbox (the tests, `spark-decode verify`): BF16 bit patterns that a float path would
 // mangle (-0.0, NaNs with payloads, infinities, subnormals of both signs)
 // mixed with random bits. A pure function of (seed, call, source, row, col),
 // so every rank of a test computes what every other rank publishes without
@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-namespace spark_decode::testing {
+namespace spark_decode::reference {
 
 inline uint64_t splitmix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
@@ -38,4 +38,4 @@ inline uint16_t payload_bits(uint64_t seed, int64_t call, int source, int row, i
 // What a consumer must read for a published value (docs/design.md, "The Lamport mailbox protocol").
 inline uint16_t arrived_bits(uint16_t bits) { return bits == 0x8000 ? 0 : bits; }
 
-}  // namespace spark_decode::testing
+}  // namespace spark_decode::reference

@@ -117,9 +117,11 @@ void gemm_sweep(const PoolerBenchOptions& o, Report& report, cudaStream_t stream
               {"pooler_gemm", "spark", variant, pdl ? "pdl_chain" : "graph", tp, b, n, k, us, floor});
           std::printf("        %-52s %-9s %6.2f us  %.2fx cublas, %3.0f%% of floor\n", variant.c_str(),
                       pdl ? "pdl_chain" : "graph", us, blas_us / us, 100 * floor / us);
-          // Today's engine and the on-chip one behind the stand-in: the time
-          // per pair less the stand-in's alone.
-          if (pdl && standin && (name == "table" || (force && force->engine == GemmEngine::onchip_mma))) {
+          // The table's, the split-K and the on-chip engines behind the
+          // stand-in: the time per pair less the stand-in's alone.
+          if (pdl && standin &&
+              (name == "table" || (force && (force->engine == GemmEngine::onchip_mma ||
+                                             force->engine == GemmEngine::splitk_mma)))) {
             const double after = time_graph(
                                      [&](cudaStream_t s, int c) {
                                        standin->enqueue(s, c);

@@ -132,13 +132,21 @@ std::string bench_unpooler(const UnpoolerBenchOptions& o) {
       std::printf("  %s\n", line.c_str());
       report.notes.push_back(line);
     }
-    // The on-chip engine at its tactic for the shape (onchip_tactic), beside
-    // the table's; and its copies with nothing computed (the bare stream it
-    // can at best reach), with PDL off and in a PDL chain.
+    // Each engine forced at every m beside the table's (which may mix them
+    // by m): the split-K engine at the table's split-K tactic, the on-chip
+    // engine at onchip_tactic; and the on-chip copies with nothing computed
+    // (the bare stream it can at best reach), PDL off and in a PDL chain.
     const OnchipTactic onchip = onchip_tactic(PlanOp::unpooler, n, k);
     const bool onchip_runs = !onchip_unsupported(n, k, onchip);
-    std::vector<Unpooler> on, on_pdl;
+    std::vector<Unpooler> on, on_pdl, sk, sk_pdl;
     const std::string onchip_name = "onchip_mma " + onchip.to_string();
+    const std::string splitk_name = "splitk_mma " + ours[0].tactic().to_string();
+    {
+      Unpooler::Options a = plain, b = pdl;
+      a.engine = b.engine = GemmEngine::splitk_mma;
+      sk = weights.unpoolers(a);
+      sk_pdl = weights.unpoolers(b);
+    }
     if (onchip_runs) {
       Unpooler::Options a = plain, b = pdl;
       a.engine = b.engine = GemmEngine::onchip_mma;
@@ -198,6 +206,13 @@ std::string bench_unpooler(const UnpoolerBenchOptions& o) {
       report.records.push_back({"unpooler", "cublas", "", "graph", tp, m, n, k, blas_us, floor});
       std::printf("  m=%2d  spark graph %6.2f us  pdl_chain %6.2f us  cublas %6.2f us (%s)  -> %.2fx, %.0f%% of floor\n",
                   m, g, c, blas_us, blas.algo_description().c_str(), blas_us / g, 100 * floor / g);
+      {
+        const double sg = time_ours(sk), sc = time_ours(sk_pdl);
+        report.records.push_back({"unpooler", "spark", splitk_name, "graph", tp, m, n, k, sg, floor});
+        report.records.push_back({"unpooler", "spark", splitk_name, "pdl_chain", tp, m, n, k, sc, floor});
+        std::printf("        splitk graph %6.2f us  pdl_chain %6.2f us  -> %.2fx cublas, %.0f%% of floor in the chain\n",
+                    sg, sc, blas_us / sg, 100 * floor / sc);
+      }
       if (onchip_runs) {
         const double og = time_ours(on), oc = time_ours(on_pdl);
         report.records.push_back({"unpooler", "spark", onchip_name, "graph", tp, m, n, k, og, floor});
@@ -206,13 +221,13 @@ std::string bench_unpooler(const UnpoolerBenchOptions& o) {
                     og, oc, blas_us / og, 100 * floor / oc);
       }
       if (standin) {
-        const double ta = after_standin(ours_pdl);
-        report.records.push_back({"unpooler", "spark", "table after the stand-in", "after_stream", tp, m, n, k, ta, floor});
-        std::printf("        after the stand-in: table %6.2f us", ta);
+        const double ta = after_standin(ours_pdl), sa = after_standin(sk_pdl);
+        report.records.push_back({"unpooler", "spark", "", "after_stream", tp, m, n, k, ta, floor});
+        report.records.push_back({"unpooler", "spark", splitk_name, "after_stream", tp, m, n, k, sa, floor});
+        std::printf("        after the stand-in: table %6.2f us  splitk %6.2f us", ta, sa);
         if (onchip_runs) {
           const double oa = after_standin(on_pdl);
-          report.records.push_back(
-              {"unpooler", "spark", onchip_name + " after the stand-in", "after_stream", tp, m, n, k, oa, floor});
+          report.records.push_back({"unpooler", "spark", onchip_name, "after_stream", tp, m, n, k, oa, floor});
           std::printf("  onchip %6.2f us", oa);
         }
         std::printf(" (per pair less the stand-in's %.2f)\n", standin_us);
@@ -222,8 +237,9 @@ std::string bench_unpooler(const UnpoolerBenchOptions& o) {
   CUDA_CHECK(cudaStreamDestroy(stream));
   report.notes.push_back("graph: CUDA graph of one call per cold weight copy, PDL off; pdl_chain: the same with "
                          "programmatic dependent launch on; cublas: the fastest cuBLASLt heuristic candidate, "
-                         "timed the same way. variant empty: the plan table's engine; onchip_mma: the on-chip "
-                         "engine at its tactic for the shape.");
+                         "timed the same way. variant empty: the plan table's engines (by m: "
+                         "Unpooler::describe in the log); splitk_mma / onchip_mma: that engine forced at every m, "
+                         "at its tactic for the shape (the same bits).");
   if (standin)
     report.notes.push_back("after_stream: each call preceded by " + standin->describe() +
                            ", both with PDL; us = the time per pair less the stand-in's alone (impl standin, m 0): "
@@ -244,11 +260,54 @@ std::string tune_onchip(const UnpoolerBenchOptions& o) {
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   Activations io;
   DeviceMemory &x = io.x, &out = io.out;
+  // Mode after_stream: each call behind the routed experts' stand-in (PDL
+  // on), the pair's time less the stand-in's alone.
+  std::unique_ptr<StandIn> standin;
+  if (o.after_stream) standin = std::make_unique<StandIn>(size_t(o.standin_mib) << 20, o.standin_smem_kib * 1024);
+  const char* mode = o.after_stream ? "after_stream" : o.pdl ? "pdl_chain" : "graph";
   for (int tp : o.tps) {
     const GemmShape shape = gemm_shape(tp, o.pooler_shapes);
     const int n = shape.n, k = shape.k;
     ColdWeights weights(n, k);
     const double floor = floor_us(size_t{2} * n * k, report.hbm_read_TBps);
+    double standin_us = 0;
+    if (standin) {
+      standin_us = time_graph([&](cudaStream_t s, int c) { standin->enqueue(s, c); }, weights.copies, o.repeats, stream);
+      report.records.push_back({"unpooler", "standin", standin->describe(), mode, tp, 0, n, k, standin_us, 0});
+    }
+    // The split-K engine at the table's tactic, timed the same way: what the
+    // on-chip tactics are ranked against.
+    std::vector<Unpooler> splitk;
+    {
+      Unpooler::Options opt;
+      opt.enable_pdl = o.pdl || o.after_stream;
+      opt.engine = GemmEngine::splitk_mma;
+      splitk = weights.unpoolers(opt);
+    }
+    auto time_calls = [&](std::vector<Unpooler>& u, int m) {
+      if (standin)
+        return time_graph(
+                   [&](cudaStream_t st, int c) {
+                     standin->enqueue(st, c);
+                     u[c].run(x.get(), out.get(), m, st);
+                   },
+                   weights.copies, o.repeats, stream) -
+               standin_us;
+      return time_graph([&](cudaStream_t st, int c) { u[c].run(x.get(), out.get(), m, st); }, weights.copies, o.repeats,
+                        stream);
+    };
+    {
+      const std::string name = "splitk_mma " + splitk[0].tactic().to_string();
+      std::string line;
+      for (int m : o.ms) {
+        const double us = time_calls(splitk, m);
+        report.records.push_back({"unpooler", "spark", name, mode, tp, m, n, k, us, floor});
+        char buf[32];
+        std::snprintf(buf, sizeof buf, " m%d=%.2f", m, us);
+        line += buf;
+      }
+      std::printf("  tp %d: %s%s (the split-K engine, for reference)\n", tp, name.c_str(), line.c_str());
+    }
     std::multimap<double, std::string> ranking;
     for (int s : {1, 2, 4, 8})
       for (int kw : kOnchipKws)
@@ -265,7 +324,7 @@ std::string tune_onchip(const UnpoolerBenchOptions& o) {
                   !wanted(o.accs, accs) || !wanted(o.stage_warps, g))
                 continue;
               Unpooler::Options opt;
-              opt.enable_pdl = o.pdl;
+              opt.enable_pdl = o.pdl || o.after_stream;
               opt.engine = GemmEngine::onchip_mma;
               opt.onchip = t;
               std::vector<Unpooler> u;
@@ -279,9 +338,8 @@ std::string tune_onchip(const UnpoolerBenchOptions& o) {
               std::string line;
               double sum = 0;
               for (int m : o.ms) {
-                const double us = time_graph([&](cudaStream_t st, int c) { u[c].run(x.get(), out.get(), m, st); },
-                                             weights.copies, o.repeats, stream);
-                report.records.push_back({"unpooler", "spark", name, o.pdl ? "pdl_chain" : "graph", tp, m, n, k, us, floor});
+                const double us = time_calls(u, m);
+                report.records.push_back({"unpooler", "spark", name, mode, tp, m, n, k, us, floor});
                 sum += us;
                 char buf[32];
                 std::snprintf(buf, sizeof buf, " m%d=%.2f", m, us);
@@ -290,8 +348,7 @@ std::string tune_onchip(const UnpoolerBenchOptions& o) {
               std::printf("  tp %d: %s%s\n", tp, name.c_str(), line.c_str());
               ranking.emplace(sum / o.ms.size(), name + line);
             }
-    std::printf("tp %d (N=%d K=%d, floor %.2f us, %s): on-chip tactics by mean us over m\n", tp, n, k, floor,
-                o.pdl ? "pdl_chain" : "graph");
+    std::printf("tp %d (N=%d K=%d, floor %.2f us, %s): on-chip tactics by mean us over m\n", tp, n, k, floor, mode);
     int shown = 0;
     for (const auto& [mean, text] : ranking) {
       std::printf("  %6.2f  %s\n", mean, text.c_str());
@@ -299,8 +356,11 @@ std::string tune_onchip(const UnpoolerBenchOptions& o) {
     }
   }
   CUDA_CHECK(cudaStreamDestroy(stream));
+  if (standin)
+    report.notes.push_back("after_stream: each call preceded by " + standin->describe() +
+                           ", both with PDL; us = the time per pair less the stand-in's alone (impl standin, m 0).");
   return report.write(o.out_dir, std::string(o.pooler_shapes ? "onchip_tune_pooler_shapes" : "onchip_tune") +
-                                     (o.pdl ? "_pdl" : ""));
+                                     (o.after_stream ? "_after_stream" : o.pdl ? "_pdl" : ""));
 }
 
 }  // namespace

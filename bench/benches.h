@@ -20,6 +20,9 @@ struct UnpoolerBenchOptions {
   // PDL off: what a caller that launches with PDL gets, weights prefetched
   // during the previous kernel's tail.
   bool pdl = false;
+  // tune --onchip: time each tactic behind the stand-in below (mode
+  // after_stream, PDL on) instead.
+  bool after_stream = false;
   // tune: the on-chip engine's tactics (S, kw, accs, copy stages, cluster
   // policy; filtered by splits, kws, accs, stage_warps) instead of the
   // split-K engine's; written as onchip_tune[_pooler_shapes][_pdl].

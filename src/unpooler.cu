@@ -13,9 +13,9 @@ namespace spark_decode {
 
 SplitKTactic unpooler_tactic(int n, int k) { return splitk_tactic(PlanOp::unpooler, n, k); }
 
-GemmEngine unpooler_engine(int n, int k) {
+GemmEngine unpooler_engine(int n, int k, int m) {
   if (const int tp = model_tp(PlanOp::unpooler, n, k))
-    if (const PlanRow* row = plan_row(PlanOp::unpooler, tp, 1)) return row->engine;
+    if (const PlanRow* row = plan_row(PlanOp::unpooler, tp, m)) return row->engine;
   return GemmEngine::splitk_mma;
 }
 
@@ -49,9 +49,12 @@ std::optional<std::string> Unpooler::unsupported(const TensorRef& weight, const 
 std::optional<std::string> Unpooler::unsupported(const TensorRef& weight) {
   if (weight.ndim != 2) return unsupported(weight, SplitKTactic{});
   const int n = static_cast<int>(weight.shape[0]), k = static_cast<int>(weight.shape[1]);
-  if (unpooler_engine(n, k) == GemmEngine::onchip_mma)
-    return unsupported(weight, spark_decode::onchip_tactic(PlanOp::unpooler, n, k));
-  return unsupported(weight, unpooler_tactic(n, k));
+  bool splitk = false, onchip = false;
+  for (int m = 1; m <= kMaxBatch; ++m) (unpooler_engine(n, k, m) == GemmEngine::onchip_mma ? onchip : splitk) = true;
+  if (onchip)
+    if (auto why = unsupported(weight, spark_decode::onchip_tactic(PlanOp::unpooler, n, k))) return why;
+  if (splitk) return unsupported(weight, unpooler_tactic(n, k));
+  return std::nullopt;
 }
 
 Unpooler::Unpooler(const TensorRef& weight, Options options)
@@ -60,13 +63,21 @@ Unpooler::Unpooler(const TensorRef& weight, Options options)
     n_ = static_cast<int>(weight.shape[0]);
     k_ = static_cast<int>(weight.shape[1]);
   }
-  engine_kind_ = options.engine ? *options.engine : unpooler_engine(n_, k_);
-  SPARK_CHECK(engine_kind_ == GemmEngine::splitk_mma || engine_kind_ == GemmEngine::onchip_mma,
-              "the unpooler runs splitk_mma or onchip_mma, not ", engine_name(engine_kind_));
+  if (options.engine)
+    SPARK_CHECK(*options.engine == GemmEngine::splitk_mma || *options.engine == GemmEngine::onchip_mma,
+                "the unpooler runs splitk_mma or onchip_mma, not ", engine_name(*options.engine));
+  bool splitk = false, onchip = false;
+  for (int m = 1; m <= kMaxBatch; ++m) {
+    engine_of_[m - 1] = options.engine ? *options.engine : unpooler_engine(n_, k_, m);
+    (engine_of_[m - 1] == GemmEngine::onchip_mma ? onchip : splitk) = true;
+  }
   tactic_ = options.tactic ? *options.tactic : unpooler_tactic(n_, k_);
   onchip_ = options.onchip ? *options.onchip : spark_decode::onchip_tactic(PlanOp::unpooler, n_, k_);
-  const bool onchip = engine_kind_ == GemmEngine::onchip_mma;
-  if (auto reason = onchip ? unsupported(weight, onchip_) : unsupported(weight, tactic_)) throw InvalidArgument(*reason);
+  if (auto reason = shard_unsupported(weight)) throw InvalidArgument(*reason);
+  if (onchip)
+    if (auto reason = unsupported(weight, onchip_)) throw InvalidArgument(*reason);
+  if (splitk)
+    if (auto reason = unsupported(weight, tactic_)) throw InvalidArgument(*reason);
   mailbox_ = options.mailbox;
   if (mailbox_) {
     SPARK_CHECK(mailbox_->width() == n_, "mailbox width ", mailbox_->width(), " != unpooler N ", n_);
@@ -92,15 +103,28 @@ Unpooler::Unpooler(const TensorRef& weight, Options options)
   for (int m : rows) SPARK_CHECK(m >= 1 && m <= max_m_, "rows: ", m, " outside 1..", max_m_);
   detail::require_sm90(device_, "the unpooler GEMM");
   detail::DeviceGuard guard(device_);
-  if (engine_kind_ == GemmEngine::onchip_mma)
-    onchip_engine_ = std::make_unique<engines::OnchipMma>(weight_, n_, k_, device_, onchip_, enable_pdl_, rows);
-  else
-    engine_ = std::make_unique<engines::SplitKMma>(weight_, n_, k_, device_, tactic_, enable_pdl_, rows);
+  // Each engine prepares the kernels of the rows it serves.
+  std::vector<int> splitk_rows, onchip_rows;
+  for (int m : rows) (engine(m) == GemmEngine::onchip_mma ? onchip_rows : splitk_rows).push_back(m);
+  if (onchip)
+    onchip_engine_ = std::make_unique<engines::OnchipMma>(weight_, n_, k_, device_, onchip_, enable_pdl_, onchip_rows);
+  if (splitk)
+    engine_ = std::make_unique<engines::SplitKMma>(weight_, n_, k_, device_, tactic_, enable_pdl_, splitk_rows);
 }
 
 std::string Unpooler::describe() const {
-  return std::string(engine_name(engine_kind_)) + " " +
-         (engine_kind_ == GemmEngine::onchip_mma ? onchip_.to_string() : tactic_.to_string());
+  // "engine tactic", and " at m a..b" per engine where there are two.
+  std::string text;
+  for (int m = 1; m <= kMaxBatch;) {
+    int last = m;
+    while (last < kMaxBatch && engine_of_[last] == engine_of_[m - 1]) ++last;
+    const bool onchip = engine_of_[m - 1] == GemmEngine::onchip_mma;
+    if (!text.empty()) text += "; ";
+    text += std::string(engine_name(engine_of_[m - 1])) + " " + (onchip ? onchip_.to_string() : tactic_.to_string());
+    if (m > 1 || last < kMaxBatch) text += " at m " + std::to_string(m) + ".." + std::to_string(last);
+    m = last + 1;
+  }
+  return text;
 }
 
 Unpooler::~Unpooler() = default;
@@ -120,8 +144,8 @@ bool Unpooler::prepared(int tile, int row_tiles) const {
   SPARK_CHECK((tile == 8 || tile == 16) &&
                   std::find(kSplitKRowTiles.begin(), kSplitKRowTiles.end(), row_tiles) != kSplitKRowTiles.end(),
               "no unpooler kernel for token tile ", tile, " and ", row_tiles, " row tiles (tiles 8, 16; row tiles 1, 2)");
-  if (onchip_engine_) return row_tiles == 1 && onchip_engine_->prepared(tile);
-  return engine_->prepared(tile, row_tiles);
+  return (onchip_engine_ && row_tiles == 1 && onchip_engine_->prepared(tile)) ||
+         (engine_ && engine_->prepared(tile, row_tiles));
 }
 
 void Unpooler::run(const void* x, void* out, int m, cudaStream_t stream) {
@@ -137,10 +161,10 @@ void Unpooler::run(const void* x, void* out, int m, cudaStream_t stream) {
     detail::require_disjoint(x, x_bytes, mb, mb_bytes, "x may not overlap the mailbox");
   }
   if (ticket_) detail::require_disjoint(out, out_bytes, ticket_, sizeof(int32_t), "out may not overlap the ticket");
-  const bool onchip = onchip_engine_ != nullptr;
+  const bool onchip = engine(m) == GemmEngine::onchip_mma;
   const int tile = onchip ? onchip_.token_tile[m - 1] : tactic_.token_tile[m - 1];
   const int row_tiles = onchip ? 1 : tactic_.row_tiles[m - 1];
-  if (!prepared(tile, row_tiles)) {
+  if (onchip ? !onchip_engine_->prepared(tile) : !engine_->prepared(tile, row_tiles)) {
     SPARK_CHECK(!detail::is_capturing(stream), "the kernel for m=", m, " (token tile ", tile, ", ", row_tiles,
                 " row tiles) was not prepared at construction (rows), and cannot be under CUDA graph capture");
     detail::DeviceGuard guard(device_);

@@ -244,6 +244,8 @@ int main(int argc, char** argv) {
                           "the pooler GEMM's shapes (N = P/tp, K = H) that the MMA engine serves");
   tune_unpooler->add_flag("--pdl", opts.pdl, "time each tactic in a PDL chain (mode pdl_chain), not with PDL off");
   tune_unpooler->add_flag("--onchip", opts.onchip, "the on-chip engine's tactics instead of the split-K engine's");
+  tune_unpooler->add_flag("--after-stream", opts.after_stream,
+                          "--onchip: time each tactic behind the routed experts' stand-in (mode after_stream)");
   tune_unpooler->add_option("--stage-warps", opts.stage_warps, "--onchip: only these warps per copy stage")
       ->delimiter(',');
   for (CLI::App* c : {tune_unpooler, profile_unpooler}) {
@@ -297,17 +299,20 @@ int main(int argc, char** argv) {
         return 0;
       }
       std::printf("%s", sd::format_plan_table().c_str());
-      // The on-chip engine's tactic at each model shape (not in the table:
-      // what Unpooler::Options::engine and PoolerGemm::Options::force run).
-      std::printf("on-chip engine (onchip_mma, forced), its tactic per model shape:\n");
+      // The on-chip engine's tactic at each model shape: the table's where
+      // it names the engine, else what Unpooler::Options::engine and
+      // PoolerGemm::Options::force run.
+      std::printf("on-chip engine (onchip_mma), its tactic per model shape:\n");
       for (sd::PlanOp op : {sd::PlanOp::unpooler, sd::PlanOp::pooler})
         for (int tp : sd::kTensorParallelSizes) {
           const bool un = op == sd::PlanOp::unpooler;
           const int n = (un ? sd::kMuseSpark.hidden : sd::kMuseSpark.pooled) / tp;
           const int k = un ? sd::kMuseSpark.pooled : sd::kMuseSpark.hidden;
           const auto t = sd::onchip_tactic(op, n, k);
-          std::printf("  %s tp %d [%d, %d] -> %s stage_warps=%d, %d CTAs\n", sd::op_name(op), tp, n, k,
-                      t.to_string().c_str(), t.stage_warps_for(k), n / sd::kSplitKTileN * t.splits);
+          auto resolved = t;
+          resolved.stage_warps = t.stage_warps_for(k);
+          std::printf("  %s tp %d [%d, %d] -> %s, %d CTAs\n", sd::op_name(op), tp, n, k, resolved.to_string().c_str(),
+                      n / sd::kSplitKTileN * t.splits);
         }
       return 0;
     }

@@ -6,7 +6,8 @@ import re
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT = os.path.join(ROOT, "src", "tuning", "h200.inc")
 FIELDS = ("op", "tp", "b_first", "b_last", "engine", "splits", "kw", "accs", "token_tile", "row_tiles",
-          "cluster_balance", "row_swizzle", "publish", "consumer")
+          "cluster_balance", "row_swizzle", "onchip_splits", "onchip_stage_warps", "onchip_cluster_balance",
+          "publish", "consumer")
 ROW = re.compile(r'^\{(.*),\s*"(.*)"\},\s*$')
 H, P = 8192, 4096  # the model's shapes (spark_decode/model_shape.h)
 
@@ -23,9 +24,10 @@ def read(path=DEFAULT):
             if len(values) != len(FIELDS):
                 raise ValueError(f"{path}: a row of {len(values)} fields, want {len(FIELDS)}: {line.strip()}")
             row = dict(zip(FIELDS, values))
-            for k in ("tp", "b_first", "b_last", "splits", "kw", "accs", "token_tile", "row_tiles"):
+            for k in ("tp", "b_first", "b_last", "splits", "kw", "accs", "token_tile", "row_tiles", "onchip_splits",
+                      "onchip_stage_warps"):
                 row[k] = int(row[k])
-            for k in ("cluster_balance", "row_swizzle"):
+            for k in ("cluster_balance", "row_swizzle", "onchip_cluster_balance"):
                 row[k] = row[k] == "true"
             row["measured"] = m.group(2)
             rows.append(row)

@@ -9,9 +9,11 @@
 // and where its fused consumer lets the next kernel launch.
 //
 // Invariant of every table (checked by plan_table_unsupported, a CPU test):
-// within one (op, tp) every row has the same reduction order (one engine,
-// and for the split-K engine one S, kw, accs), so a row of output has the
-// same bits whatever batch it came in (batch invariance).
+// within one (op, tp) every row has the same reduction order, so a row of
+// output has the same bits whatever batch it came in (batch invariance):
+// one engine, except that the split-K and the on-chip engines, which sum in
+// the same order at the same kw and accs, may share a shape (one kw and accs
+// for both; one split-K tactic, one on-chip tactic).
 //
 // Plain C++ (no CUDA headers): the tables are checked without a GPU.
 #pragma once
@@ -217,10 +219,15 @@ struct PlanRow {
   // balance and row swizzle for the shape, the token tile and row tiles for
   // these b. Filled in every row, also where another engine serves: they are
   // what the split-K engine runs when a caller forces it (benchmarks, tests).
-  // Where the row names onchip_mma, its S, kw, accs, token tile and cluster
-  // balance are the on-chip engine's (the same reduction order at any S).
+  // The on-chip engine runs the row's kw, accs and token tile too (the same
+  // reduction order as the split-K engine at any S).
   int splits, kw, accs, token_tile, row_tiles;
   bool cluster_balance, row_swizzle;
+  // Where the row names onchip_mma: the on-chip engine's S, warps per copy
+  // stage (OnchipTactic::stage_warps) and cluster policy; 0, 0, false
+  // elsewhere (a forced on-chip engine then takes onchip_tactic's default).
+  int onchip_splits, onchip_stage_warps;
+  bool onchip_cluster_balance;
   PublishRoute publish;
   ConsumerLaunch consumer;
   const char* measured;  // the measurement that chose the row (file @ commit)
@@ -236,8 +243,8 @@ struct PlanTable {
 // device uses it until another kind has its own.
 const PlanTable& plan_table();
 // Why `table` breaks a rule (an (op, tp, b) of the model served by no row or
-// by two, two reduction orders within one (op, tp), split-K parameters no
-// kernel takes at the model's shape), or nullopt.
+// by two, two reduction orders within one (op, tp), split-K or on-chip
+// parameters no kernel takes at the model's shape), or nullopt.
 std::optional<std::string> plan_table_unsupported(const PlanTable& table);
 // The row serving (op, tp, b) at the model's shapes, or nullptr.
 const PlanRow* plan_row(PlanOp op, int tp, int b);
@@ -249,7 +256,7 @@ int model_tp(PlanOp op, int n, int k);
 // can run, one whose launch_unsupported() says why).
 SplitKTactic splitk_tactic(PlanOp op, int n, int k);
 // The on-chip tactic for an [n, k] weight of `op`: the table's rows where
-// [n, k] is a model shape and they name onchip_mma; otherwise the kw and accs
+// [n, k] is a model shape and some of them name onchip_mma; otherwise the kw and accs
 // of splitk_tactic(op, n, k) (so the same bits as the split-K engine) where
 // compiled, with the least S giving kOnchipTargetCtas CTAs that fits (else
 // the valid S with the most CTAs); for a shape nothing takes, one whose

@@ -51,6 +51,8 @@
 // previous grid (programmatic dependent launch) and x only after.
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <memory>
 #include <optional>
 #include <string>
@@ -72,15 +74,18 @@ class OnchipMma;
 // The plan table's split-K tactic for an [n, k] unpooler weight (see
 // splitk_tactic); valid defaults for other shapes.
 SplitKTactic unpooler_tactic(int n, int k);
-// The engine that serves an [n, k] unpooler weight by default: the plan
-// table's where [n, k] is a model shape, else splitk_mma.
-GemmEngine unpooler_engine(int n, int k);
+// The engine that serves m rows of an [n, k] unpooler weight by default: the
+// plan table's where [n, k] is a model shape, else splitk_mma. A shape may
+// take the split-K engine at some m and the on-chip one at others (the same
+// bits: spark_decode/plan.h).
+GemmEngine unpooler_engine(int n, int k, int m);
 
 class Unpooler {
  public:
   struct Options {
     bool enable_pdl = true;
-    // The engine: splitk_mma or onchip_mma (default: unpooler_engine(N, K)).
+    // The engine of every m: splitk_mma or onchip_mma (default: per m,
+    // unpooler_engine(N, K, m)).
     std::optional<GemmEngine> engine;
     std::optional<SplitKTactic> tactic;  // the split-K engine's; default: unpooler_tactic(N, K)
     // The on-chip engine's; default: onchip_tactic(PlanOp::unpooler, N, K).
@@ -132,16 +137,18 @@ class Unpooler {
   LamportMailbox* mailbox() const { return mailbox_; }
   int device() const { return device_; }
   bool enable_pdl() const { return enable_pdl_; }
-  GemmEngine engine() const { return engine_kind_; }
-  // The split-K tactic (what engine() == splitk_mma runs).
+  // The engine that runs m rows (1..kMaxBatch).
+  GemmEngine engine(int m = 1) const { return engine_of_[std::clamp(m, 1, kMaxBatch) - 1]; }
+  // The split-K tactic (what the m with engine(m) == splitk_mma run).
   const SplitKTactic& tactic() const { return tactic_; }
-  // The on-chip tactic (what engine() == onchip_mma runs).
+  // The on-chip tactic (what the m with engine(m) == onchip_mma run).
   const OnchipTactic& onchip_tactic() const { return onchip_; }
-  // The engine and its tactic, for logs and benchmark records.
+  // The engines and their tactics (with the m each serves where there are
+  // two), for logs and benchmark records.
   std::string describe() const;
-  // Whether the kernel for token tile `tile` (8 or 16) with `row_tiles`
-  // (1 or 2) is prepared; other values throw InvalidArgument. The on-chip
-  // engine has one row tile: false for 2.
+  // Whether a kernel for token tile `tile` (8 or 16) with `row_tiles` (1 or
+  // 2) is prepared, on either engine; other values throw InvalidArgument.
+  // The on-chip engine has one row tile.
   bool prepared(int tile, int row_tiles = 1) const;
 
  private:
@@ -151,7 +158,7 @@ class Unpooler {
   LamportMailbox* mailbox_ = nullptr;
   int32_t* ticket_ = nullptr;
   bool enable_pdl_;
-  GemmEngine engine_kind_ = GemmEngine::splitk_mma;
+  std::array<GemmEngine, kMaxBatch> engine_of_{};  // the engine of m rows, [m - 1]
   SplitKTactic tactic_;
   OnchipTactic onchip_;
   std::unique_ptr<engines::SplitKMma> engine_;

@@ -14,6 +14,10 @@ CUDA and CPU tensors alike, and a fake implementation):
     pool_nvfp4(Tensor x, str pooler, int layer, int pooled, bool swizzled) -> (Tensor, Tensor)
     pool_nvfp4_out(Tensor x, str pooler, int layer, Tensor(a!) a, Tensor(b!) a_sf) -> ()
 
+``pool_nvfp4_out`` takes ``a_sf`` as float8_e4m3fn or as its bytes (uint8,
+the same shape); pass uint8 where torch checks the op's mutations (opcheck,
+schema_check_mode), whose comparison has no E4M3 kernel.
+
 The ``str`` arguments are handles (``obj.handle``) of an Unpooler, a
 LamportMailbox or a Pooler (spark_decode/_registry.py), as vLLM's ops take a
 ``group_name``. The ints that fix an output's shape (n, tp, pooled) and the
@@ -231,5 +235,7 @@ def pool(x: torch.Tensor, pooler: Pooler, layer: int, out=None):
         return out
     if out is None:
         return torch.ops.spark_decode.pool_nvfp4(x, pooler.handle, layer, pooler.pooled, format == "nvfp4_swizzled")
-    torch.ops.spark_decode.pool_nvfp4_out(x, pooler.handle, layer, out[0], out[1])
+    # The scales as their bytes: the same memory, and a dtype torch's
+    # mutation checks (opcheck, schema_check_mode) can compare.
+    torch.ops.spark_decode.pool_nvfp4_out(x, pooler.handle, layer, out[0], out[1].view(torch.uint8))
     return out

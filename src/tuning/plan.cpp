@@ -263,7 +263,8 @@ std::optional<std::string> pooler_choice_unsupported(int n, int k, int m, const 
 namespace {
 
 constexpr PlanOp unpooler = PlanOp::unpooler, pooler = PlanOp::pooler;
-constexpr GemmEngine splitk_mma = GemmEngine::splitk_mma, ring_mma = GemmEngine::ring_mma;
+constexpr GemmEngine splitk_mma = GemmEngine::splitk_mma, ring_mma = GemmEngine::ring_mma,
+                     onchip_mma = GemmEngine::onchip_mma;
 constexpr PublishRoute epilogue = PublishRoute::epilogue, kernel = PublishRoute::kernel;
 constexpr ConsumerLaunch early = ConsumerLaunch::early, late = ConsumerLaunch::late;
 
@@ -316,15 +317,31 @@ SplitKTactic tactic_of_rows(const PlanTable& table, PlanOp op, int tp) {
   return t;
 }
 
-// The on-chip tactic of the rows of (op, tp) in `table`.
+// Whether a row of (op, tp) in `table` names the on-chip engine.
+bool has_onchip_rows(const PlanTable& table, PlanOp op, int tp) {
+  for (int i = 0; i < table.size; ++i) {
+    const PlanRow& r = table.rows[i];
+    if (r.op == op && r.tp == tp && r.engine == GemmEngine::onchip_mma) return true;
+  }
+  return false;
+}
+
+// The on-chip tactic of the rows of (op, tp) in `table`: the reduction order
+// and token tiles of every row, S, copy stages and cluster policy of the
+// rows naming onchip_mma.
 OnchipTactic onchip_of_rows(const PlanTable& table, PlanOp op, int tp) {
   const SplitKTactic s = tactic_of_rows(table, op, tp);
   OnchipTactic t;
-  t.splits = s.splits;
   t.kw = s.kw;
   t.accs = s.accs;
   t.token_tile = s.token_tile;
-  t.cluster_balance = s.cluster_balance;
+  for (int i = 0; i < table.size; ++i) {
+    const PlanRow& r = table.rows[i];
+    if (r.op != op || r.tp != tp || r.engine != GemmEngine::onchip_mma) continue;
+    t.splits = r.onchip_splits;
+    t.stage_warps = r.onchip_stage_warps;
+    t.cluster_balance = r.onchip_cluster_balance;
+  }
   return t;
 }
 
@@ -362,10 +379,8 @@ OnchipTactic default_onchip(int n, int k, const SplitKTactic& splitk) {
 }  // namespace
 
 OnchipTactic onchip_tactic(PlanOp op, int n, int k) {
-  if (const int tp = model_tp(op, n, k)) {
-    const PlanRow* row = plan_row(op, tp, 1);
-    if (row && row->engine == GemmEngine::onchip_mma) return onchip_of_rows(plan_table(), op, tp);
-  }
+  if (const int tp = model_tp(op, n, k))
+    if (has_onchip_rows(plan_table(), op, tp)) return onchip_of_rows(plan_table(), op, tp);
   return default_onchip(n, k, splitk_tactic(op, n, k));
 }
 
@@ -386,7 +401,7 @@ std::optional<std::string> plan_table_unsupported(const PlanTable& table) {
   using detail::concat;
   for (PlanOp op : {PlanOp::unpooler, PlanOp::pooler})
     for (int tp : kTensorParallelSizes) {
-      const PlanRow* first = nullptr;
+      const PlanRow *first = nullptr, *onchip_row = nullptr;
       for (int b = 1; b <= kMaxBatch; ++b) {
         const PlanRow* row = nullptr;
         for (int i = 0; i < table.size; ++i) {
@@ -397,7 +412,10 @@ std::optional<std::string> plan_table_unsupported(const PlanTable& table) {
         }
         if (!row) return concat(table.machine, ": ", op_name(op), " tp ", tp, " b ", b, " has no row");
         if (!first) first = row;
-        if (row->engine != first->engine)
+        // The split-K and the on-chip engines sum in one order (see
+        // OnchipTactic): a shape may mix them, no other engine.
+        const auto family = [](GemmEngine e) { return e == GemmEngine::onchip_mma ? GemmEngine::splitk_mma : e; };
+        if (family(row->engine) != family(first->engine))
           return concat(table.machine, ": ", op_name(op), " tp ", tp, " runs ", engine_name(first->engine), " at b ",
                         first->b_first, " and ", engine_name(row->engine), " at b ", b,
                         ": two reduction orders for one shape");
@@ -408,6 +426,19 @@ std::optional<std::string> plan_table_unsupported(const PlanTable& table) {
         if (row->cluster_balance != first->cluster_balance || row->row_swizzle != first->row_swizzle)
           return concat(table.machine, ": ", op_name(op), " tp ", tp,
                         " changes the cluster policy or row swizzle within the shape (b ", b, ")");
+        const bool onchip = row->engine == GemmEngine::onchip_mma;
+        if (!onchip && (row->onchip_splits || row->onchip_stage_warps || row->onchip_cluster_balance))
+          return concat(table.machine, ": ", op_name(op), " tp ", tp, " b ", b, " runs ", engine_name(row->engine),
+                        " but sets the on-chip fields (0, 0, false there)");
+        if (onchip) {
+          if (!onchip_row) onchip_row = row;
+          if (row->onchip_splits != onchip_row->onchip_splits ||
+              row->onchip_stage_warps != onchip_row->onchip_stage_warps ||
+              row->onchip_cluster_balance != onchip_row->onchip_cluster_balance)
+            return concat(table.machine, ": ", op_name(op), " tp ", tp,
+                          " changes the on-chip S, copy stages or cluster policy between b ", onchip_row->b_first,
+                          " and b ", b, " (one on-chip tactic per shape)");
+        }
         if (op == PlanOp::unpooler && row->engine != GemmEngine::splitk_mma && row->engine != GemmEngine::onchip_mma)
           return concat(table.machine, ": the unpooler runs the split-K or the on-chip engine only (tp ", tp, ")");
       }
@@ -415,10 +446,10 @@ std::optional<std::string> plan_table_unsupported(const PlanTable& table) {
       const int depth = op == PlanOp::unpooler ? kMuseSpark.pooled : kMuseSpark.hidden;
       if (auto why = launch_unsupported(full / tp, depth, tactic_of_rows(table, op, tp)))
         return concat(table.machine, ": ", op_name(op), " tp ", tp, ": ", *why);
-      if (first->engine == GemmEngine::onchip_mma)
+      if (onchip_row)
         if (auto why = onchip_unsupported(full / tp, depth, onchip_of_rows(table, op, tp)))
           return concat(table.machine, ": ", op_name(op), " tp ", tp, ": ", *why);
-      if (op == PlanOp::pooler && first->engine != GemmEngine::splitk_mma)
+      if (op == PlanOp::pooler && first->engine != GemmEngine::splitk_mma && first->engine != GemmEngine::onchip_mma)
         for (int b = 1; b <= kMaxBatch; ++b)
           if (auto why = pooler_choice_unsupported(full / tp, depth, b, {first->engine, {}}))
             return concat(table.machine, ": pooler tp ", tp, ": ", *why);
@@ -465,8 +496,9 @@ std::string format_plan_table() {
       if (r.cluster_balance && r.splits > 1) os << " cluster_balance";
       if (!r.row_swizzle) os << " unswizzled";
     } else if (r.engine == GemmEngine::onchip_mma) {
-      os << " S=" << r.splits << " kw=" << r.kw << " accs=" << r.accs << " tile=" << r.token_tile;
-      if (r.cluster_balance && r.splits > 1) os << " cluster_balance";
+      os << " S=" << r.onchip_splits << " kw=" << r.kw << " accs=" << r.accs << " tile=" << r.token_tile
+         << " stage_warps=" << r.onchip_stage_warps;
+      if (r.onchip_cluster_balance && r.onchip_splits > 1) os << " cluster_balance";
     } else if (r.engine == GemmEngine::ring_mma) {
       os << " tile=" << (r.b_last <= 8 ? 8 : 16);
     }

@@ -37,16 +37,18 @@ sd::OnchipTactic tactic(int s, int kw, int accs) {
 
 }  // namespace
 
-TEST(OnchipTactics, TheDeployedShapesCoverTheSmsInTheTablesOrder) {
-  // (op, tp) -> the S that gives ~128 CTAs, and each CTA's weight bytes.
+TEST(OnchipTactics, TheDeployedShapesTakeTheTablesTacticInTheTablesOrder) {
+  // tp 4 and 8: the table's on-chip tactic (its rows' S, copy stages and
+  // cluster policy); tp 1 and 2 (no on-chip row): the default, the least S
+  // giving ~128 CTAs with 2 KiB copies.
   struct Want {
     sd::PlanOp op;
-    int tp, splits, ctas, weight_kib;
+    int tp, splits, stage_warps;
+    bool balance;
   };
-  const Want wants[] = {{sd::PlanOp::unpooler, 8, 2, 128, 64},
-                        {sd::PlanOp::unpooler, 4, 1, 128, 128},
-                        {sd::PlanOp::pooler, 8, 4, 128, 64},
-                        {sd::PlanOp::pooler, 4, 2, 128, 128}};
+  const Want wants[] = {{sd::PlanOp::unpooler, 8, 4, 1, true},  {sd::PlanOp::unpooler, 4, 4, 1, false},
+                        {sd::PlanOp::pooler, 8, 4, 2, true},    {sd::PlanOp::pooler, 4, 4, 2, true},
+                        {sd::PlanOp::unpooler, 2, 1, 0, false}, {sd::PlanOp::pooler, 2, 1, 0, false}};
   for (const Want& w : wants) {
     const bool un = w.op == sd::PlanOp::unpooler;
     const int n = (un ? sd::kMuseSpark.hidden : sd::kMuseSpark.pooled) / w.tp;
@@ -54,19 +56,30 @@ TEST(OnchipTactics, TheDeployedShapesCoverTheSmsInTheTablesOrder) {
     const auto t = sd::onchip_tactic(w.op, n, k);
     const std::string what = std::string(sd::op_name(w.op)) + " tp " + std::to_string(w.tp) + " " + t.to_string();
     EXPECT_EQ(reason(n, k, t), "<supported>") << what;
-    EXPECT_EQ(t.splits, w.splits) << what;
-    EXPECT_EQ(n / sd::kSplitKTileN * t.splits, w.ctas) << what;
-    EXPECT_EQ(16 * (k / t.splits) * 2, w.weight_kib * 1024) << what;
+    if (w.stage_warps) {
+      EXPECT_EQ(t.splits, w.splits) << what;
+      EXPECT_EQ(t.stage_warps, w.stage_warps) << what;
+      EXPECT_EQ(t.cluster_balance, w.balance) << what;
+      for (int b = 1; b <= sd::kMaxBatch; ++b) {
+        const sd::PlanRow* row = sd::plan_row(w.op, w.tp, b);
+        ASSERT_NE(row, nullptr);
+        if (row->engine == sd::GemmEngine::onchip_mma) {
+          EXPECT_EQ(row->onchip_splits, t.splits) << what << " b " << b;
+          EXPECT_EQ(row->onchip_stage_warps, t.stage_warps) << what << " b " << b;
+        }
+      }
+    } else {
+      EXPECT_GE(n / sd::kSplitKTileN * t.splits, sd::kOnchipTargetCtas) << what;
+      EXPECT_EQ(t.stage_warps_for(k), 4) << what;  // copies of 2 KiB (4 warps of kw = 256)
+    }
     // The split-K engine's reduction order for the shape: its bits.
     const auto s = sd::splitk_tactic(w.op, n, k);
     EXPECT_EQ(t.kw, s.kw) << what;
     EXPECT_EQ(t.accs, s.accs) << what;
     EXPECT_EQ(t.token_tile, s.token_tile) << what;
-    // Copies of 2 KiB (G = 4 warps of kw = 256), so 2 or 4 stages.
-    EXPECT_EQ(t.stage_warps_for(k), 4) << what;
     EXPECT_LE(onchip::smem_bytes(k, t.splits, t.kw, 16), sd::kernels::kMaxSmemPerBlock) << what;
   }
-  // Every model shape has a valid on-chip tactic (several waves at tp 1, 2).
+  // Every model shape has a valid on-chip tactic in the split-K order.
   for (int tp : sd::kTensorParallelSizes) {
     for (sd::PlanOp op : {sd::PlanOp::unpooler, sd::PlanOp::pooler}) {
       const bool un = op == sd::PlanOp::unpooler;
@@ -165,9 +178,13 @@ TEST(OnchipValidation, TheUnpoolerAndThePoolerGemmAskTheEngine) {
   EXPECT_EQ(*sd::Unpooler::unsupported(w(24, 256), tactic(1, 256, 1)),
             "unpooler shard [24, 256] bf16 on cuda:0: needs a contiguous, 16-byte aligned BF16 [N, K] with N % 16 "
             "== 0");
-  // The table's unpooler rows are the split-K engine's today.
+  // The Unpooler's engine of each m is its table row's; other shapes: split-K.
   for (int tp : sd::kTensorParallelSizes)
-    EXPECT_EQ(sd::unpooler_engine(sd::kMuseSpark.hidden / tp, sd::kMuseSpark.pooled), sd::GemmEngine::splitk_mma);
+    for (int m = 1; m <= sd::kMaxBatch; ++m)
+      EXPECT_EQ(sd::unpooler_engine(sd::kMuseSpark.hidden / tp, sd::kMuseSpark.pooled, m),
+                sd::plan_row(sd::PlanOp::unpooler, tp, m)->engine)
+          << "tp " << tp << " m " << m;
+  EXPECT_EQ(sd::unpooler_engine(1024, 2048, 1), sd::GemmEngine::splitk_mma);
   const sd::PoolerGemmChoice on{sd::GemmEngine::onchip_mma, {}};
   EXPECT_EQ(on.to_string(), "onchip_mma");
   EXPECT_STREQ(sd::engine_name(sd::GemmEngine::onchip_mma), "onchip_mma");
@@ -188,34 +205,47 @@ TEST(OnchipPlanTable, RowsNamingTheEngineKeepTheRules) {
       if (r.op == op && r.tp == tp) out.push_back(&r);
     return out;
   };
-  // The unpooler at tp 8 and the pooler at tp 4 on the on-chip engine, at
-  // its default S: the table keeps its rules and prints the rows.
-  for (auto* r : rows_of(sd::PlanOp::unpooler, 8)) r->engine = sd::GemmEngine::onchip_mma, r->splits = 2;
-  for (auto* r : rows_of(sd::PlanOp::pooler, 4)) r->engine = sd::GemmEngine::onchip_mma, r->splits = 2;
+  auto expect_reason = [&](const std::string& want) {
+    EXPECT_NE(table_reason(rows).find(want), std::string::npos) << table_reason(rows) << "\nwant: " << want;
+  };
+  // The table mixes the engines within a shape (the unpooler at tp 4: on
+  // chip at b <= 8, split-K above), one order for both.
+  ASSERT_EQ(rows_of(sd::PlanOp::unpooler, 4).front()->engine, sd::GemmEngine::onchip_mma);
+  ASSERT_EQ(rows_of(sd::PlanOp::unpooler, 4).back()->engine, sd::GemmEngine::splitk_mma);
   EXPECT_EQ(table_reason(rows), "(none)");
-  {
-    auto saved = rows;
-    // One reduction order per shape: the split-K engine at b >= 9 is another
-    // engine, even with the same order (the rule stays the conservative one).
-    rows_of(sd::PlanOp::unpooler, 8).back()->engine = sd::GemmEngine::splitk_mma;
-    EXPECT_NE(table_reason(rows).find("two reduction orders for one shape"), std::string::npos) << table_reason(rows);
-    rows = saved;
-  }
-  {
-    auto saved = rows;
-    // accs = 4: the split-K engine has it, the on-chip engine not.
-    for (auto* r : rows_of(sd::PlanOp::unpooler, 8)) r->accs = 4, r->row_swizzle = true;
-    EXPECT_NE(table_reason(rows).find("unpooler tp 8: on-chip MMA: kw=256 accs=4 has no compiled kernel"),
-              std::string::npos)
-        << table_reason(rows);
-    rows = saved;
-  }
-  {
-    auto saved = rows;
-    for (auto* r : rows_of(sd::PlanOp::unpooler, 2)) r->engine = sd::GemmEngine::ring_mma;
-    EXPECT_NE(table_reason(rows).find("the unpooler runs the split-K or the on-chip engine only"), std::string::npos)
-        << table_reason(rows);
-    rows = saved;
-  }
+  const auto saved = rows;
+  // Another order at b >= 9 (accs 2 on the split-K rows).
+  rows_of(sd::PlanOp::unpooler, 4).back()->accs = 2;
+  expect_reason("unpooler tp 4 changes the split-K S, kw or accs between b 1 and b 9");
+  rows = saved;
+  // Two on-chip tactics within a shape.
+  rows_of(sd::PlanOp::unpooler, 8).back()->onchip_splits = 2;
+  expect_reason("unpooler tp 8 changes the on-chip S, copy stages or cluster policy between b 1 and b 9");
+  rows = saved;
+  rows_of(sd::PlanOp::pooler, 8).back()->onchip_stage_warps = 4;
+  expect_reason("pooler tp 8 changes the on-chip S, copy stages or cluster policy");
+  rows = saved;
+  // A split-K row with on-chip fields.
+  rows_of(sd::PlanOp::unpooler, 1).front()->onchip_splits = 2;
+  expect_reason("unpooler tp 1 b 1 runs splitk_mma but sets the on-chip fields");
+  rows = saved;
+  // Another engine beside the on-chip one: another order.
+  rows_of(sd::PlanOp::pooler, 8).back()->engine = sd::GemmEngine::ring_mma;
+  rows_of(sd::PlanOp::pooler, 8).back()->onchip_splits = 0;
+  rows_of(sd::PlanOp::pooler, 8).back()->onchip_stage_warps = 0;
+  rows_of(sd::PlanOp::pooler, 8).back()->onchip_cluster_balance = false;
+  expect_reason("pooler tp 8 runs onchip_mma at b 1 and ring_mma at b 9: two reduction orders for one shape");
+  rows = saved;
+  // accs = 4: the split-K engine has it, the on-chip engine not.
+  for (auto* r : rows_of(sd::PlanOp::unpooler, 8)) r->accs = 4, r->row_swizzle = true;
+  expect_reason("unpooler tp 8: on-chip MMA: kw=256 accs=4 has no compiled kernel");
+  rows = saved;
+  // An on-chip S the shape cannot take.
+  for (auto* r : rows_of(sd::PlanOp::unpooler, 8)) r->onchip_splits = 3;
+  expect_reason("unpooler tp 8: on-chip MMA: splits=3");
+  rows = saved;
+  for (auto* r : rows_of(sd::PlanOp::unpooler, 2)) r->engine = sd::GemmEngine::ring_mma;
+  expect_reason("the unpooler runs the split-K or the on-chip engine only");
+  rows = saved;
   EXPECT_EQ(table_reason(rows), "(none)");
 }

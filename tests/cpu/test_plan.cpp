@@ -37,15 +37,22 @@ TEST(PlanTable, EveryModelShapeAndBatchHasOneRow) {
 TEST(PlanTable, HoldsWhatWasMeasured) {
   // The choices measured on the H200 (docs/perf/): spelled out here so that
   // an edit of the table shows up in a test. The unpooler: the split-K
-  // engine everywhere; the pooler: the ring at tp 1, the split-K engine at
-  // tp 2..8, at every b (one reduction order per shape).
+  // engine at tp 1, 2, the on-chip engine at tp 8 and at tp 4 b <= 8; the
+  // pooler: the ring at tp 1, the split-K engine at tp 2, the on-chip engine
+  // at tp 8 and at tp 4 b <= 8 (one reduction order per shape: the split-K
+  // and on-chip engines share theirs).
+  const auto onchip = [](int tp, int b) { return tp == 8 || (tp == 4 && b <= 8); };
   for (int tp : sd::kTensorParallelSizes)
     for (int b = 1; b <= sd::kMaxBatch; ++b) {
       const sd::PlanRow& u = *sd::plan_row(sd::PlanOp::unpooler, tp, b);
-      EXPECT_EQ(u.engine, sd::GemmEngine::splitk_mma);
+      EXPECT_EQ(u.engine, onchip(tp, b) ? sd::GemmEngine::onchip_mma : sd::GemmEngine::splitk_mma)
+          << "tp " << tp << " b " << b;
       EXPECT_EQ(u.token_tile, b <= 8 ? 8 : 16);
       const sd::PlanRow& p = *sd::plan_row(sd::PlanOp::pooler, tp, b);
-      EXPECT_EQ(p.engine, tp == 1 ? sd::GemmEngine::ring_mma : sd::GemmEngine::splitk_mma) << "tp " << tp << " b " << b;
+      EXPECT_EQ(p.engine, tp == 1         ? sd::GemmEngine::ring_mma
+                          : onchip(tp, b) ? sd::GemmEngine::onchip_mma
+                                          : sd::GemmEngine::splitk_mma)
+          << "tp " << tp << " b " << b;
       EXPECT_EQ(sd::pooler_gemm_choice(sd::kMuseSpark.pooled / tp, sd::kMuseSpark.hidden, tp, b).engine, p.engine);
       // Publish route: the epilogue but at tp 2 b = 1 and 9..16 (two H200s).
       EXPECT_EQ(p.publish, tp == 2 && (b == 1 || b >= 9) ? sd::PublishRoute::kernel : sd::PublishRoute::epilogue)
@@ -135,7 +142,7 @@ TEST(PlanTable, PrintsEveryRow) {
   const std::string text = sd::format_plan_table();
   EXPECT_NE(text.find("nvidia-h200"), std::string::npos);
   EXPECT_NE(text.find("pooler tp 1 b 9..16 -> ring_mma"), std::string::npos) << text;
-  EXPECT_NE(text.find("unpooler tp 8 b 1..8 -> splitk_mma S=1 kw=256 accs=1 tile=8 rows=16 unswizzled"),
+  EXPECT_NE(text.find("unpooler tp 8 b 1..8 -> onchip_mma S=4 kw=256 accs=1 tile=8 stage_warps=1 cluster_balance"),
             std::string::npos)
       << text;
   EXPECT_NE(text.find("publish kernel, consumer early"), std::string::npos) << text;

@@ -66,7 +66,7 @@ TEST(BatchInvariance, UnpoolerAtEveryTpAndB) {
     GuardedBuffer w(hw.size() * 2);
     w.upload(hw.data(), hw.size() * 2);
     sd::Unpooler u(sd::TensorRef::contiguous(w.get(), sd::DType::bf16, {n, k}, 0));
-    for (const auto& f : check_every_b("unpooler tp " + std::to_string(tp), n, k,
+    for (const auto& f : check_every_b("unpooler tp " + std::to_string(tp) + " (" + u.describe() + ")", n, k,
                                        [&](const void* x, void* out, int m) { u.run(x, out, m, nullptr); }))
       ADD_FAILURE() << f;
   }
@@ -80,15 +80,24 @@ TEST(BatchInvariance, PoolerGemmAtEveryTpAndB) {
     GuardedBuffer w(hw.size() * 2);
     w.upload(hw.data(), hw.size() * 2);
     sd::PoolerGemm g(sd::TensorRef::contiguous(w.get(), sd::DType::bf16, {n, k}, 0), tp);
-    // The table's engine, one for every b of the shape.
-    for (int b = 2; b <= sd::kMaxBatch; ++b) EXPECT_EQ(g.choice(b).engine, g.choice(1).engine) << "tp " << tp;
-    for (const auto& f : check_every_b("pooler GEMM tp " + std::to_string(tp) + " (" + g.choice(1).to_string() + ")",
-                                       n, k, [&](const void* x, void* out, int m) { g.run(x, out, m, nullptr); }))
+    // The table's engines: one for every b of the shape, or the split-K and
+    // on-chip engines (one order) at different b.
+    std::string engines = g.choice(1).to_string();
+    for (int b = 2; b <= sd::kMaxBatch; ++b) {
+      const auto e = g.choice(b).engine, first = g.choice(1).engine;
+      const auto family = [](sd::GemmEngine x) {
+        return x == sd::GemmEngine::onchip_mma ? sd::GemmEngine::splitk_mma : x;
+      };
+      EXPECT_EQ(family(e), family(first)) << "tp " << tp << " b " << b;
+      if (e != g.choice(b - 1).engine) engines += ", " + g.choice(b).to_string() + " from b " + std::to_string(b);
+    }
+    for (const auto& f : check_every_b("pooler GEMM tp " + std::to_string(tp) + " (" + engines + ")", n, k,
+                                       [&](const void* x, void* out, int m) { g.run(x, out, m, nullptr); }))
       ADD_FAILURE() << f;
   }
 }
 
-// The on-chip engine (not yet in the table) at every tp and b of both ops:
+// The on-chip engine forced at every tp and b of both ops:
 // its own order, with m changing only which token columns are loaded.
 TEST(BatchInvariance, OnchipEngineAtEveryTpAndB) {
   SKIP_WITHOUT_GPU(1);

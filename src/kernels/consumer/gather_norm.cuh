@@ -45,7 +45,8 @@ struct GatherNormArgs {
 // 0): it takes their two vectors from the mailbox (poll, then clear), joins
 // the row's mean(x^2), normalises and stores its 16 normed values or
 // quantizes them as one NVFP4 block (with the swizzled scales, also the zero
-// padding of scale rows b..127). Every output store follows
+// padding of scale rows b..127, stored while the rows are in flight). Every
+// output store follows
 // griddepcontrol.wait: the previous grid may still read the outputs of the
 // call before. A row any of whose vectors could not be read (the mailbox
 // failed: device.cuh, record_failure) is stored poisoned: BF16 NaN
@@ -79,6 +80,23 @@ __global__ void gather_norm_kernel(const GatherNormArgs a) {
   // kernel computes is then seen alike by both paths.
   ptx::griddep_wait();
   SPARK_TRACE_WAITED();
+  const int scale_cols = cols / 16;  // a multiple of 32 (P % 512 == 0): no padding columns
+  if constexpr (FORMAT == kFormatNvfp4Swizzled) {
+    // The zero padding of the swizzled scales: no data of this call goes
+    // into it, so it is stored here, after the wait (the previous grid may
+    // still read the call before's outputs) and while the rows are still in
+    // flight, off the path from their arrival. The swizzled tile of scale
+    // columns [4q, 4q + 4) (512 bytes) holds row r's 4 bytes at 16 (r % 32)
+    // + 4 ((r % 128) / 32): with b <= 32 (checked on the host) 16-byte piece
+    // j < b is row j's 4 scales then zeros (rows j + 32, + 64, + 96:
+    // padding, stored with the scales below), and pieces j >= b are all
+    // padding. Tile q's pieces >= b go to lanes b..31 of one warp (512
+    // contiguous bytes) of CTA q % b: each tile once, no division.
+    uint4* const sf_pieces = reinterpret_cast<uint4*>(a.a_sf);  // [tiles][32] pieces of the first band
+    const int lane = t & 31, warp = t >> 5, warps = blockDim.x >> 5;
+    if (lane >= a.b)
+      for (int q = row + a.b * warp; q < scale_cols / 4; q += a.b * warps) sf_pieces[q * 32 + lane] = make_uint4(0, 0, 0, 0);
+  }
   const float global_scale = FORMAT == kFormatBf16 ? 0.0f : *a.global_scale;
   const uint32_t active = mailbox_dev::read_active(mb.state);
   SPARK_TRACE_MARK(0, active);  // ACTIVE has arrived
@@ -111,32 +129,19 @@ __global__ void gather_norm_kernel(const GatherNormArgs a) {
   uint32_t packed[2] = {0, 0};
   const uint32_t sf = poisoned ? kPoisonScale : nvfp4::quantize_block(y, global_scale, packed);
   *reinterpret_cast<uint2*>(a.a + int64_t(row) * (cols / 2) + 8 * t) = make_uint2(packed[0], packed[1]);
-  const int scale_cols = cols / 16;  // a multiple of 32 (P % 512 == 0): no padding columns
   if constexpr (FORMAT == kFormatNvfp4) {
     a.a_sf[int64_t(row) * scale_cols + t] = static_cast<uint8_t>(sf);
   } else {
-    // The swizzled tile of scale columns [4q, 4q + 4) (512 bytes) holds row
-    // r's 4 bytes at 16 (r % 32) + 4 ((r % 128) / 32): with b <= 32 (checked
-    // on the host) 16-byte piece j < b is row j's 4 scales then zeros (rows
-    // j + 32, + 64, + 96: padding), and pieces j >= b are all padding. So
-    // row i's CTA writes its piece whole (the quad's 4 scale bytes gathered
-    // into one lane) and a share of the pieces >= b of every tile: 16-byte
-    // stores instead of one byte per padded scale.
+    // Row i's piece of every tile whole (see the padding above): its 4 scale
+    // bytes, gathered from the quad into one lane, then the zeros of rows
+    // i + 32, + 64, + 96: one 16-byte store instead of one byte per scale.
     static_assert(nvfp4::kBlock == 16);
     const uint32_t b1 = __shfl_down_sync(0xffffffffu, sf, 1), b2 = __shfl_down_sync(0xffffffffu, sf, 2),
                    b3 = __shfl_down_sync(0xffffffffu, sf, 3);
-    const int tiles = scale_cols / 4;
-    uint4* const sf_pieces = reinterpret_cast<uint4*>(a.a_sf);  // [tiles][32] pieces of the first band
+    uint4* const sf_pieces = reinterpret_cast<uint4*>(a.a_sf);
     if ((t & 3) == 0)
       sf_pieces[(t / 4) * 32 + row] = make_uint4((sf & 0xffu) | (b1 & 0xffu) << 8 | (b2 & 0xffu) << 16 | (b3 & 0xffu) << 24, 0, 0,
                                                  0);
-    // The padding of tile q is its pieces [b, 32): contiguous, so piece p of
-    // all tiles' padding, p = q (32 - b) + j - b, goes to consecutive
-    // threads: coalesced stores.
-    const uint4 zero = make_uint4(0, 0, 0, 0);
-    const int pad = 32 - a.b;
-    for (int p = row * blockDim.x + t; p < tiles * pad; p += a.b * blockDim.x)
-      sf_pieces[(p / pad) * 32 + a.b + p % pad] = zero;
   }
 }
 

@@ -282,6 +282,7 @@ std::string tune_onchip(const UnpoolerBenchOptions& o) {
       Unpooler::Options opt;
       opt.enable_pdl = o.pdl || o.after_stream;
       opt.engine = GemmEngine::splitk_mma;
+      opt.tactic = splitk_tactic(o.pooler_shapes ? PlanOp::pooler : PlanOp::unpooler, n, k);
       splitk = weights.unpoolers(opt);
     }
     auto time_calls = [&](std::vector<Unpooler>& u, int m) {

@@ -39,9 +39,10 @@ TEST(PlanTable, HoldsWhatWasMeasured) {
   // an edit of the table shows up in a test. The unpooler: the split-K
   // engine at tp 1, 2, the on-chip engine at tp 8 and at tp 4 b <= 8; the
   // pooler: the ring at tp 1, the split-K engine at tp 2, the on-chip engine
-  // at tp 8 and at tp 4 b <= 8 (one reduction order per shape: the split-K
+  // at tp 8 and at tp 4 b <= 4 (one reduction order per shape: the split-K
   // and on-chip engines share theirs).
   const auto onchip = [](int tp, int b) { return tp == 8 || (tp == 4 && b <= 8); };
+  const auto pooler_onchip = [](int tp, int b) { return tp == 8 || (tp == 4 && b <= 4); };
   for (int tp : sd::kTensorParallelSizes)
     for (int b = 1; b <= sd::kMaxBatch; ++b) {
       const sd::PlanRow& u = *sd::plan_row(sd::PlanOp::unpooler, tp, b);
@@ -49,9 +50,9 @@ TEST(PlanTable, HoldsWhatWasMeasured) {
           << "tp " << tp << " b " << b;
       EXPECT_EQ(u.token_tile, b <= 8 ? 8 : 16);
       const sd::PlanRow& p = *sd::plan_row(sd::PlanOp::pooler, tp, b);
-      EXPECT_EQ(p.engine, tp == 1         ? sd::GemmEngine::ring_mma
-                          : onchip(tp, b) ? sd::GemmEngine::onchip_mma
-                                          : sd::GemmEngine::splitk_mma)
+      EXPECT_EQ(p.engine, tp == 1                ? sd::GemmEngine::ring_mma
+                          : pooler_onchip(tp, b) ? sd::GemmEngine::onchip_mma
+                                                 : sd::GemmEngine::splitk_mma)
           << "tp " << tp << " b " << b;
       EXPECT_EQ(sd::pooler_gemm_choice(sd::kMuseSpark.pooled / tp, sd::kMuseSpark.hidden, tp, b).engine, p.engine);
       // Publish route: the epilogue but at tp 2 b = 1 and 9..16 (two H200s).
@@ -104,14 +105,14 @@ TEST(PlanTable, TheCheckerRejectsEachBrokenRule) {
   };
   {
     auto saved = rows;
-    find(sd::PlanOp::pooler, 4, 1).b_last = 7;  // b = 8 uncovered
-    EXPECT_NE(table_reason(rows).find("pooler tp 4 b 8 has no row"), std::string::npos) << table_reason(rows);
+    find(sd::PlanOp::pooler, 4, 9).b_first = 10;  // b = 9 uncovered
+    EXPECT_NE(table_reason(rows).find("pooler tp 4 b 9 has no row"), std::string::npos) << table_reason(rows);
     rows = saved;
   }
   {
     auto saved = rows;
-    find(sd::PlanOp::pooler, 4, 1).b_last = 9;  // b = 9 twice
-    EXPECT_NE(table_reason(rows).find("pooler tp 4 b 9 has two rows"), std::string::npos) << table_reason(rows);
+    find(sd::PlanOp::pooler, 4, 9).b_first = 8;  // b = 8 twice
+    EXPECT_NE(table_reason(rows).find("pooler tp 4 b 8 has two rows"), std::string::npos) << table_reason(rows);
     rows = saved;
   }
   {

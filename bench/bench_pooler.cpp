@@ -87,7 +87,7 @@ void gemm_sweep(const PoolerBenchOptions& o, Report& report, cudaStream_t stream
     // The stand-in alone (mode after_stream), chained as the pairs are.
     double standin_us = 0;
     if (standin) {
-      standin_us = time_graph([&](cudaStream_t s, int c) { standin->enqueue(s, c); }, copies, o.repeats, stream);
+      standin_us = standin->time_alone(copies, o.repeats, stream);
       report.records.push_back({"pooler_gemm", "standin", standin->describe(), "after_stream", tp, 0, n, k, standin_us, 0});
       std::printf("  stand-in: %s alone %.2f us/call (PDL chain)\n", standin->describe().c_str(), standin_us);
     }
@@ -122,13 +122,9 @@ void gemm_sweep(const PoolerBenchOptions& o, Report& report, cudaStream_t stream
           if (pdl && standin &&
               (name == "table" || (force && (force->engine == GemmEngine::onchip_mma ||
                                              force->engine == GemmEngine::splitk_mma)))) {
-            const double after = time_graph(
-                                     [&](cudaStream_t s, int c) {
-                                       standin->enqueue(s, c);
-                                       gemms[c].run(x.get(), out.get(), b, s);
-                                     },
-                                     copies, o.repeats, stream) -
-                                 standin_us;
+            const double after = standin->time_behind(
+                [&](cudaStream_t s, int c) { gemms[c].run(x.get(), out.get(), b, s); }, standin_us, copies, o.repeats,
+                stream);
             report.records.push_back({"pooler_gemm", "spark", variant, "after_stream", tp, b, n, k, after, floor});
             std::printf("        %-52s %-9s %6.2f us  (per pair less the stand-in's %.2f)\n", variant.c_str(),
                         "after the stand-in", after, standin_us);

@@ -171,7 +171,7 @@ std::string bench_unpooler(const UnpoolerBenchOptions& o) {
     // time is over.
     double standin_us = 0;
     if (standin) {
-      standin_us = time_graph([&](cudaStream_t s, int c) { standin->enqueue(s, c); }, weights.copies, o.repeats, stream);
+      standin_us = standin->time_alone(weights.copies, o.repeats, stream);
       report.records.push_back({"unpooler", "standin", standin->describe(), "after_stream", tp, 0, n, k, standin_us, 0});
       std::printf("  stand-in: %s alone %.2f us/call (PDL chain)\n", standin->describe().c_str(), standin_us);
     }
@@ -185,13 +185,8 @@ std::string bench_unpooler(const UnpoolerBenchOptions& o) {
       // Each call after the stand-in (both PDL): the time per pair less the
       // stand-in's own, i.e. what the call adds behind a realistic predecessor.
       auto after_standin = [&](std::vector<Unpooler>& u) {
-        return time_graph(
-                   [&](cudaStream_t s, int c) {
-                     standin->enqueue(s, c);
-                     u[c].run(x.get(), out.get(), m, s);
-                   },
-                   weights.copies, o.repeats, stream) -
-               standin_us;
+        return standin->time_behind([&](cudaStream_t s, int c) { u[c].run(x.get(), out.get(), m, s); }, standin_us,
+                                    weights.copies, o.repeats, stream);
       };
       const double g = time_ours(ours), c = time_ours(ours_pdl);
       if (!o.trace.empty() && m == o.ms.front()) {
@@ -272,7 +267,7 @@ std::string tune_onchip(const UnpoolerBenchOptions& o) {
     const double floor = floor_us(size_t{2} * n * k, report.hbm_read_TBps);
     double standin_us = 0;
     if (standin) {
-      standin_us = time_graph([&](cudaStream_t s, int c) { standin->enqueue(s, c); }, weights.copies, o.repeats, stream);
+      standin_us = standin->time_alone(weights.copies, o.repeats, stream);
       report.records.push_back({"unpooler", "standin", standin->describe(), mode, tp, 0, n, k, standin_us, 0});
     }
     // The split-K engine at the table's tactic, timed the same way: what the
@@ -286,16 +281,9 @@ std::string tune_onchip(const UnpoolerBenchOptions& o) {
       splitk = weights.unpoolers(opt);
     }
     auto time_calls = [&](std::vector<Unpooler>& u, int m) {
-      if (standin)
-        return time_graph(
-                   [&](cudaStream_t st, int c) {
-                     standin->enqueue(st, c);
-                     u[c].run(x.get(), out.get(), m, st);
-                   },
-                   weights.copies, o.repeats, stream) -
-               standin_us;
-      return time_graph([&](cudaStream_t st, int c) { u[c].run(x.get(), out.get(), m, st); }, weights.copies, o.repeats,
-                        stream);
+      const auto call = [&](cudaStream_t st, int c) { u[c].run(x.get(), out.get(), m, st); };
+      return standin ? standin->time_behind(call, standin_us, weights.copies, o.repeats, stream)
+                     : time_graph(call, weights.copies, o.repeats, stream);
     };
     {
       const std::string name = "splitk_mma " + splitk[0].tactic().to_string();

@@ -264,6 +264,21 @@ void StandIn::enqueue(cudaStream_t stream, int i) const {
                   reinterpret_cast<const uint4*>(memory_.as<char>() + bytes_ * (i % kBuffers)), bytes_ / 16, sink);
 }
 
+double StandIn::time_alone(int calls, int repeats, cudaStream_t stream) const {
+  return time_graph([&](cudaStream_t s, int c) { enqueue(s, c); }, calls, repeats, stream);
+}
+
+double StandIn::time_behind(const std::function<void(cudaStream_t, int)>& call, double alone_us, int calls,
+                            int repeats, cudaStream_t stream) const {
+  return time_graph(
+             [&](cudaStream_t s, int c) {
+               enqueue(s, c);
+               call(s, c);
+             },
+             calls, repeats, stream) -
+         alone_us;
+}
+
 std::string StandIn::describe() const {
   char buf[128];
   std::snprintf(buf, sizeof buf, "a %.0f MiB stream (1 CTA/SM x 512 threads, %d KiB of shared memory each)",

@@ -138,6 +138,14 @@ class StandIn {
   StandIn(size_t bytes, int smem_bytes);
   // Call i's predecessor on `stream` (buffer i % kBuffers).
   void enqueue(cudaStream_t stream, int i) const;
+  // The stand-ins alone, chained as the pairs below are (PDL): median
+  // microseconds per stand-in over a graph of `calls`.
+  double time_alone(int calls, int repeats, cudaStream_t stream) const;
+  // Mode after_stream: the median microseconds per (stand-in, call) pair of
+  // a graph of `calls` pairs, less `alone_us` (the stand-ins' own chain,
+  // time_graph of enqueue): what each call adds behind this predecessor.
+  double time_behind(const std::function<void(cudaStream_t, int)>& call, double alone_us, int calls, int repeats,
+                     cudaStream_t stream) const;
   size_t bytes() const { return bytes_; }
   std::string describe() const;
 

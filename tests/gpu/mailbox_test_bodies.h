@@ -395,4 +395,50 @@ inline void expect_timeout_outcome(const TimeoutOutcome& o, double timeout_s, in
   EXPECT_LT(o.waited_s, timeout_s + 10.0);
 }
 
+// Ranks that disagree on b (a caller's bug): rank 0 runs b = 2, the others
+// b = 4. Every rank must end in the named spin timeout within a few timeouts,
+// never a hang: ranks 1.. wait for rows 2, 3 that rank 0 never publishes,
+// and rank 0, whose first call finds the rows it reads, then waits for the
+// peers' next publish, which they never make once they have failed.
+// Returns this rank's error.
+inline std::string ranks_disagree_on_b(Group& group, int device, double timeout_s) {
+  const int rank = group.rank(), tp = group.size(), rank_for_errors = rank;
+  const int cap = 16, width = 256;
+  LamportMailbox::Options options;
+  options.spin_timeout_s = timeout_s;
+  LamportMailbox mb(group, tp, rank, cap, width, device, options);
+  Stream stream;
+  GuardedBuffer src(cap * width * 2), out(size_t(cap) * tp * width * 2);
+  src.fill(0);
+  for (int k = 0; k < 3; ++k) {  // a few good calls first
+    mb.publish(src.get(), 1 + k, stream);
+    mb.gather(out.get(), 1 + k, stream);
+  }
+  mb.synchronize(stream);
+  group.barrier();
+  std::string error;
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    for (int call = 0; call < 3; ++call) {
+      const int b = rank == 0 ? 2 : 4;
+      mb.publish(src.get(), b, stream);
+      mb.gather(out.get(), b, stream);
+      mb.synchronize(stream);
+    }
+  } catch (const RuntimeError& e) {
+    error = e.what();
+  }
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  MB_REQUIRE(!error.empty(), "three calls with b differing across ranks ended without an error");
+  MB_REQUIRE(error.find("spin timeout on rank " + std::to_string(rank)) != std::string::npos &&
+                 error.find("destroy this mailbox") != std::string::npos,
+             "'", error, "'");
+  if (rank > 0)
+    MB_REQUIRE(error.find("source 0, row ") != std::string::npos, "the error must name rank 0's rows: '", error,
+               "'");
+  MB_REQUIRE(waited < 3 * timeout_s + 5.0, "the error took ", waited, " s (timeout ", timeout_s, ")");
+  group.barrier();  // no peer still writes into this rank's copy
+  return error;
+}
+
 }  // namespace spark_decode::testing::mailbox_tests

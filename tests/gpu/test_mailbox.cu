@@ -188,6 +188,15 @@ TEST(Mailbox, SkippedCallIsSurvivedTp2Tp4OnOneGpu) {
   }
 }
 
+TEST(Mailbox, RanksDisagreeingOnBEndInTheNamedTimeoutTp2OnOneGpu) {
+  SKIP_WITHOUT_GPU(1);
+  std::vector<std::string> errors(2);
+  const auto failures = run_on_gpus(
+      2, [&](sd::Group& g, int r) { errors[g.rank()] = ranks_disagree_on_b(g, r, 0.5); }, 1);
+  for (const auto& f : failures) ADD_FAILURE() << f;
+  for (int r = 0; r < 2; ++r) std::printf("b differing across ranks, rank %d: %s\n", r, errors[r].c_str());
+}
+
 TEST(Mailbox, GatherWithoutPublishIsSurvived) {
   SKIP_WITHOUT_GPU(1);
   const auto failures = run_on_gpus(1, [&](sd::Group& g, int r) { failure_is_survived(g, r, 2.0); });

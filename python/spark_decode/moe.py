@@ -41,15 +41,6 @@ class Workspace:
     vLLM's GroupCoordinator (spark_decode.group). ``path="stock"`` builds
     the same model on the stock path (for comparisons and benchmarks).
 
-    ``enable_pdl``: programmatic dependent launch for the unpoolers;
-    ``pooler_pdl`` the same for the Pooler, off by default: a 3-layer model
-    compiled by Inductor (torch 2.11, dynamic shapes) with the Pooler on PDL
-    gave other bits than eager at b = 7 and 16 (about 86% of the output
-    elements, by up to 0.15), and none with the Pooler's PDL off, with
-    Inductor's buffer reuse or its reordering off (docs/python.md,
-    "PDL under torch.compile"; the cause is not yet found). Eager calls and
-    the C++ API are not affected.
-
     ``spin_timeout_s`` (the mailboxes' spin timeout) defaults to minutes,
     not the library's seconds: at a model's startup every rank compiles
     and captures, and the first rank done waits in its first consumer for
@@ -70,7 +61,6 @@ class Workspace:
         path: str = "fast",
         spin_timeout_s: float = 600.0,
         enable_pdl: bool = True,
-        pooler_pdl: bool = False,
     ) -> None:
         self.device = device_index(device if device is not None else torch.cuda.current_device())
         self.path = check_path(path)
@@ -85,7 +75,7 @@ class Workspace:
             hidden=hidden,
             pooled=pooled,
             capacity=capacity,
-            enable_pdl=pooler_pdl,
+            enable_pdl=enable_pdl,
             spin_timeout_s=spin_timeout_s,
             path=path,
         )

@@ -255,6 +255,19 @@ inline void graph_replays(Group& group, int device, int width, int per_graph, in
 // last in a process. With OnFailure::poison rank 0 also checks that the
 // columns of the missing sources hold the poison, those of its own block
 // the payload, and that every entry point now refuses with the failure.
+// `calls` good calls of zero rows (b = 1, 2, ...) before a misuse, every
+// rank alike, then a barrier: the misuse meets a protocol in step.
+inline void good_calls_first(Group& group, LamportMailbox& mb, GuardedBuffer& src, GuardedBuffer& out, int calls,
+                             cudaStream_t stream) {
+  src.fill(0);
+  for (int k = 0; k < calls; ++k) {
+    mb.publish(src.get(), 1 + k, stream);
+    mb.gather(out.get(), 1 + k, stream);
+  }
+  mb.synchronize(stream);
+  group.barrier();
+}
+
 struct TimeoutOutcome {
   std::string error;
   double waited_s = -1;
@@ -269,13 +282,7 @@ inline TimeoutOutcome skipped_call_times_out(Group& group, int device, double ti
   LamportMailbox mb(group, tp, rank, cap, width, device, options);
   Stream stream;
   GuardedBuffer src(cap * width * 2), out(size_t(cap) * tp * width * 2);
-  src.fill(0);
-  for (int k = 0; k < 4; ++k) {  // a few good calls first
-    mb.publish(src.get(), 1 + k, stream);
-    mb.gather(out.get(), 1 + k, stream);
-  }
-  mb.synchronize(stream);
-  group.barrier();
+  good_calls_first(group, mb, src, out, 4, stream);
   TimeoutOutcome outcome;
   if (rank == 0) {
     const uint64_t seed = test_seed("mailbox skipped call");
@@ -409,13 +416,7 @@ inline std::string ranks_disagree_on_b(Group& group, int device, double timeout_
   LamportMailbox mb(group, tp, rank, cap, width, device, options);
   Stream stream;
   GuardedBuffer src(cap * width * 2), out(size_t(cap) * tp * width * 2);
-  src.fill(0);
-  for (int k = 0; k < 3; ++k) {  // a few good calls first
-    mb.publish(src.get(), 1 + k, stream);
-    mb.gather(out.get(), 1 + k, stream);
-  }
-  mb.synchronize(stream);
-  group.barrier();
+  good_calls_first(group, mb, src, out, 3, stream);
   std::string error;
   const auto start = std::chrono::steady_clock::now();
   try {

@@ -100,6 +100,16 @@ class DeviceMemory {
   void* p_ = nullptr;
 };
 
+// `count` elements of T at device address p, copied to the host on
+// `stream` (synchronised: the vector is complete on return).
+template <typename T>
+std::vector<T> download(const void* p, size_t count, cudaStream_t stream) {
+  std::vector<T> v(count);
+  CUDA_CHECK(cudaMemcpyAsync(v.data(), p, count * sizeof(T), cudaMemcpyDeviceToHost, stream));
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  return v;
+}
+
 // A non-blocking stream destroyed at scope exit.
 class Stream {
  public:

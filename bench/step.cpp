@@ -95,14 +95,6 @@ struct Shared {
   bool shares = false;
 };
 
-template <typename T>
-std::vector<T> download(const void* p, size_t count, cudaStream_t stream) {
-  std::vector<T> v(count);
-  CUDA_CHECK(cudaMemcpyAsync(v.data(), p, count * sizeof(T), cudaMemcpyDeviceToHost, stream));
-  CUDA_CHECK(cudaStreamSynchronize(stream));
-  return v;
-}
-
 // The worst row's |stock - fast|_2 / |fast - x0|_2 (kStockUpdateBound), and
 // the bit-equal elements.
 std::pair<double, int64_t> compare_with_stock(const std::vector<uint16_t>& fast, const std::vector<uint16_t>& stock,

@@ -73,7 +73,6 @@ Unpooler::Unpooler(const TensorRef& weight, Options options)
   }
   tactic_ = options.tactic ? *options.tactic : unpooler_tactic(n_, k_);
   onchip_ = options.onchip ? *options.onchip : spark_decode::onchip_tactic(PlanOp::unpooler, n_, k_);
-  if (auto reason = shard_unsupported(weight)) throw InvalidArgument(*reason);
   if (onchip)
     if (auto reason = unsupported(weight, onchip_)) throw InvalidArgument(*reason);
   if (splitk)

@@ -35,6 +35,7 @@ namespace {
 
 using bench::DeviceMemory;
 using bench::Stream;
+using bench::download;
 
 constexpr int kBatches[] = {1, 7, 16};
 constexpr int kCap = kMaxBatch;
@@ -52,13 +53,6 @@ const char* const kQuantLinear = "nvfp4_quantize, linear scales";
 const char* const kQuantSwizzled = "nvfp4_quantize, swizzled scales";
 std::string pooler_check(OutputFormat f) { return std::string("Pooler, ") + format_name(f); }
 
-template <typename T>
-std::vector<T> down(const void* p, size_t count, cudaStream_t stream) {
-  std::vector<T> v(count);
-  CUDA_CHECK(cudaMemcpyAsync(v.data(), p, count * sizeof(T), cudaMemcpyDeviceToHost, stream));
-  CUDA_CHECK(cudaStreamSynchronize(stream));
-  return v;
-}
 template <typename T>
 void up(void* p, const std::vector<T>& host, cudaStream_t stream) {
   CUDA_CHECK(cudaMemcpyAsync(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice, stream));
@@ -114,7 +108,7 @@ void check_unpooler_gemm(Rank& r, Unpooler& u, const std::vector<uint16_t>& w, c
   for (int m : kBatches) {
     poison(out, size_t(2) * kCap * n, r.stream);
     u.run(dx.get(), out.get(), m, r.stream);
-    const auto got = down<uint16_t>(out.get(), size_t(m) * n, r.stream);
+    const auto got = download<uint16_t>(out.get(), size_t(m) * n, r.stream);
     // A row does not depend on the others: the first m rows of the m = 16 reference.
     c.mismatches += count_gemm_violations(got.data(), exact, mag, m, n, k);
     c.elements += int64_t(m) * n;
@@ -130,7 +124,7 @@ void check_pooler_gemm(Rank& r, Pooler& pooler, const std::vector<uint16_t>& w, 
   Check c = part(kPoolerGemm, 0, 0);
   for (int b : kBatches) {
     const TensorRef shard = pooler.project(0, dx.get(), b, r.stream);
-    const auto got = down<uint16_t>(shard.data, size_t(b) * n, r.stream);
+    const auto got = download<uint16_t>(shard.data, size_t(b) * n, r.stream);
     c.mismatches += count_gemm_violations(got.data(), exact, mag, b, n, k);
     c.elements += int64_t(b) * n;
   }
@@ -144,7 +138,7 @@ void check_expert_norm(Rank& r, const ExpertNorm& norm, const std::vector<uint16
   up(dx.get(), x, r.stream);
   poison(dy, x.size() * 2, r.stream);
   norm.run(dx.get(), dy.get(), kNormRows, r.stream);
-  const auto got = down<uint16_t>(dy.get(), x.size(), r.stream);
+  const auto got = download<uint16_t>(dy.get(), x.size(), r.stream);
   std::vector<uint16_t> ref(x.size());
   std::vector<double> exact;
   reference::expert_norm(x.data(), w.data(), ref.data(), kNormRows, P, norm.eps(), norm.gain_center(), &exact);
@@ -165,8 +159,8 @@ void check_quantize(Rank& r, int P) {
       poison(a, y.size() / 2, r.stream);
       poison(sf, sf_bytes, r.stream, 0xcd);  // the swizzled layout's padding must come back zero
       nvfp4_quantize(dy.get(), gs.as<float>(), a.get(), sf.get(), kNormRows, P, r.stream, true, layout);
-      const auto ga = down<uint8_t>(a.get(), y.size() / 2, r.stream);
-      const auto gsf = down<uint8_t>(sf.get(), sf_bytes, r.stream);
+      const auto ga = download<uint8_t>(a.get(), y.size() / 2, r.stream);
+      const auto gsf = download<uint8_t>(sf.get(), sf_bytes, r.stream);
       const Nvfp4Comparison cmp =
           compare_nvfp4_with_reference(y.data(), kNormRows, P, g, ga.data(), gsf.data(), layout);
       Check c = part(layout == ScaleLayout::linear ? kQuantLinear : kQuantSwizzled, cmp.elements, cmp.violations);
@@ -203,7 +197,7 @@ void check_mailbox(Rank& r, LamportMailbox& mb, const MailboxBuffers& bufs, int6
       mb.publish(src.get(), b, r.stream);
       mb.gather(out.get(), b, r.stream);
       mb.synchronize(r.stream);
-      const auto got = down<uint16_t>(out.get(), size_t(b) * w * tp, r.stream);
+      const auto got = download<uint16_t>(out.get(), size_t(b) * w * tp, r.stream);
       // Every rank's block is the same pure function of (call, rank): the
       // all-gather computed here, not asked of the code under test.
       std::vector<uint16_t> want(got.size());
@@ -230,8 +224,8 @@ void check_zero_copy(Rank& r, Unpooler& zero_copy, Unpooler& plain, LamportMailb
     mb.gather(g.get(), b, r.stream);
     plain.run(m_in.get(), yp.get(), b, r.stream);
     mb.synchronize(r.stream);
-    const auto z = down<uint16_t>(yz.get(), size_t(b) * n, r.stream), p = down<uint16_t>(yp.get(), z.size(), r.stream);
-    const auto got = down<uint16_t>(g.get(), size_t(b) * n * tp, r.stream);
+    const auto z = download<uint16_t>(yz.get(), size_t(b) * n, r.stream), p = download<uint16_t>(yp.get(), z.size(), r.stream);
+    const auto got = download<uint16_t>(g.get(), size_t(b) * n * tp, r.stream);
     // The all-gather of the plain rows (-0.0 arrives as +0.0).
     const std::vector<uint8_t> all = r.group.all_gather(p.data(), p.size() * 2);
     const auto* bits = reinterpret_cast<const uint16_t*>(all.data());
@@ -265,10 +259,10 @@ struct Outputs {
   }
   // What format f at b wrote: normed rows, or a then a_sf.
   std::vector<uint8_t> download(OutputFormat f, int b, cudaStream_t s) const {
-    if (f == OutputFormat::bf16) return down<uint8_t>(normed.get(), size_t(2) * b * P, s);
+    if (f == OutputFormat::bf16) return bench::download<uint8_t>(normed.get(), size_t(2) * b * P, s);
     const ScaleLayout layout = f == OutputFormat::nvfp4 ? ScaleLayout::linear : ScaleLayout::swizzled;
-    std::vector<uint8_t> v = down<uint8_t>(a.get(), size_t(b) * P / 2, s);
-    const auto sf = down<uint8_t>(a_sf.get(), size_t(nvfp4_scale_rows(b, layout)) * nvfp4_scale_cols(P, layout), s);
+    std::vector<uint8_t> v = bench::download<uint8_t>(a.get(), size_t(b) * P / 2, s);
+    const auto sf = bench::download<uint8_t>(a_sf.get(), size_t(nvfp4_scale_rows(b, layout)) * nvfp4_scale_cols(P, layout), s);
     v.insert(v.end(), sf.begin(), sf.end());
     return v;
   }
@@ -341,8 +335,8 @@ void rank_main(Group& group, const VerifyOptions& o, uint64_t seed, Tally& tally
   up(scales.get(), std::vector<float>{1.0f, 448.0f, 560.0f}, r.stream);
   bench::fill_random_bf16(dunp.get(), size_t(sh) * P, seed * 31 + 2 * r.rank, r.stream, 1.0f / 64);
   bench::fill_random_bf16(dpool.get(), size_t(sp) * H, seed * 31 + 2 * r.rank + 1, r.stream, 1.0f / 64);
-  const auto unp_w = down<uint16_t>(dunp.get(), size_t(sh) * P, r.stream);
-  const auto pool_w = down<uint16_t>(dpool.get(), size_t(sp) * H, r.stream);
+  const auto unp_w = download<uint16_t>(dunp.get(), size_t(sh) * P, r.stream);
+  const auto pool_w = download<uint16_t>(dpool.get(), size_t(sp) * H, r.stream);
 
   PoolerConfig pc;
   pc.tp = tp;

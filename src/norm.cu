@@ -36,7 +36,7 @@ void launch_expert_norm(const void* x, const void* weight, void* y, int rows, in
 template <int FORMAT>
 void launch_gather_norm_format(const kernels::GatherNormArgs& args, int cols, bool enable_pdl, cudaStream_t stream) {
   kernels::LaunchShape shape;
-  shape.grid = dim3(args.b);
+  shape.grid = dim3(args.b + (FORMAT == kernels::kFormatNvfp4Swizzled ? kernels::kSwizzlePadCtas : 0));
   shape.block = dim3(kernels::norm::threads_for(cols));
   shape.enable_pdl = enable_pdl;
   kernels::launch(kernels::gather_norm_kernel<FORMAT>, shape, stream, args);

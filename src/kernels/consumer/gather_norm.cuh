@@ -40,12 +40,14 @@ struct GatherNormArgs {
   int launch_next_early;
 };
 
-// Grid (b), block P / 16 = tp * width / 16: thread t of CTA i owns columns
+// Grid (b), plus kSwizzlePadCtas for the swizzled scales' padding; block
+// P / 16 = tp * width / 16: thread t of CTA i owns columns
 // [16t, 16t + 16) of row i, which lie in one source's block (width % 16 ==
 // 0): it takes their two vectors from the mailbox (poll, then clear), joins
 // the row's mean(x^2), normalises and stores its 16 normed values or
-// quantizes them as one NVFP4 block (with the swizzled scales, also the zero
-// padding of scale rows b..127, stored while the rows are in flight). Every
+// quantizes them as one NVFP4 block (with the swizzled scales, the zeros of
+// rows i + 32, + 64, + 96 beside row i's scales; the other padding is the
+// extra CTAs'). Every
 // output store follows
 // griddepcontrol.wait: the previous grid may still read the outputs of the
 // call before. A row any of whose vectors could not be read (the mailbox
@@ -53,6 +55,9 @@ struct GatherNormArgs {
 // (0xFFFF) in every normed value, or every scale byte of the row
 // kPoisonScale (E4M3 NaN) over its NVFP4 codes.
 inline constexpr uint8_t kPoisonScale = 0x7f;
+// The swizzled format's extra CTAs, past the b row CTAs: they store the
+// scale tiles' zero padding.
+inline constexpr int kSwizzlePadCtas = 8;
 template <int FORMAT>
 __global__ void gather_norm_kernel(const GatherNormArgs a) {
   SPARK_TRACE_CTA(kGatherNorm);
@@ -83,19 +88,23 @@ __global__ void gather_norm_kernel(const GatherNormArgs a) {
   const int scale_cols = cols / 16;  // a multiple of 32 (P % 512 == 0): no padding columns
   if constexpr (FORMAT == kFormatNvfp4Swizzled) {
     // The zero padding of the swizzled scales: no data of this call goes
-    // into it, so it is stored here, after the wait (the previous grid may
-    // still read the call before's outputs) and while the rows are still in
-    // flight, off the path from their arrival. The swizzled tile of scale
-    // columns [4q, 4q + 4) (512 bytes) holds row r's 4 bytes at 16 (r % 32)
-    // + 4 ((r % 128) / 32): with b <= 32 (checked on the host) 16-byte piece
-    // j < b is row j's 4 scales then zeros (rows j + 32, + 64, + 96:
-    // padding, stored with the scales below), and pieces j >= b are all
-    // padding. Tile q's pieces >= b go to lanes b..31 of one warp (512
-    // contiguous bytes) of CTA q % b: each tile once, no division.
-    uint4* const sf_pieces = reinterpret_cast<uint4*>(a.a_sf);  // [tiles][32] pieces of the first band
-    const int lane = t & 31, warp = t >> 5, warps = blockDim.x >> 5;
-    if (lane >= a.b)
-      for (int q = row + a.b * warp; q < scale_cols / 4; q += a.b * warps) sf_pieces[q * 32 + lane] = make_uint4(0, 0, 0, 0);
+    // into it, so the grid's kSwizzlePadCtas extra CTAs (blockIdx.x >= b)
+    // store it, after the wait (the previous grid may still read the call
+    // before's outputs), and leave: spread over several SMs, not on the
+    // row CTAs' path from their data's arrival (at b = 1 one SM storing
+    // the whole 32 KiB tile band cost more than the rest of the kernel's
+    // stores). The swizzled tile of scale columns [4q, 4q + 4) (512 bytes)
+    // holds row r's 4 bytes at 16 (r % 32) + 4 ((r % 128) / 32): with b <=
+    // 32 (checked on the host) 16-byte piece j < b is row j's 4 scales then
+    // zeros (rows j + 32, + 64, + 96: padding, stored with the scales
+    // below), and pieces j >= b are all padding.
+    if (row >= a.b) {
+      uint4* const sf_pieces = reinterpret_cast<uint4*>(a.a_sf);  // [tiles][32] pieces of the first band
+      const int pieces = scale_cols / 4 * 32;
+      for (int f = (row - a.b) * blockDim.x + t; f < pieces; f += kSwizzlePadCtas * blockDim.x)
+        if ((f & 31) >= a.b) sf_pieces[f] = make_uint4(0, 0, 0, 0);
+      return;
+    }
   }
   const float global_scale = FORMAT == kFormatBf16 ? 0.0f : *a.global_scale;
   const uint32_t active = mailbox_dev::read_active(mb.state);

@@ -8,9 +8,13 @@ same names, so that porting it means replacing the stand-ins.
 What is left out: attention, the pre_ffn_norm and the routed experts. The
 experts' stand-in (StandInExperts) turns the expert input back into [b, P]
 rows with exact arithmetic only (lookup tables of the E2M1 and E4M3 values,
-products that fit BF16, powers of two), so that eager, compiled and stock
-runs of the model give the same bits whatever torch.compile fuses: a test of
-this model compares the boundaries, not Inductor's rounding.
+products that fit BF16, powers of two), and the model is compiled with
+COMPILE_OPTIONS (Inductor's emulate_precision_casts: a fused chain of BF16
+operations rounds after each one, as eager does, instead of once at its
+end), so that eager, compiled and stock runs of the model give the same
+bits: a test of this model compares the boundaries, not Inductor's
+rounding. (The residual adds are where it matters: Inductor may compute
+layer 2's input x + y0 + y1 as one FP32 sum, where eager rounds x + y0.)
 
     python python/examples/muse_spark.py          # one GPU: tp 1, 3 layers, compiled + captured
 """
@@ -24,6 +28,11 @@ import torch
 from torch import nn
 
 from spark_decode.moe import MoeBoundaries, Workspace
+
+# torch.compile's options for a compiled model whose bits must equal the
+# eager model's (the tests'); a server that takes Inductor's fused rounding
+# leaves them out.
+COMPILE_OPTIONS = {"emulate_precision_casts": True}
 
 
 @dataclasses.dataclass
@@ -190,7 +199,7 @@ def main() -> None:
     device = torch.device("cuda", 0)
     model = MuseSparkForCausalLM(config)
     model.load_weights(random_checkpoint(config, 1, device).items())
-    compiled = torch.compile(model, fullgraph=True, dynamic=True)
+    compiled = torch.compile(model, fullgraph=True, dynamic=True, options=COMPILE_OPTIONS)
     x = torch.randn(8, config.hidden_size, device=device).to(torch.bfloat16)
     eager = model(x)
     compiled(x)  # compile before capture

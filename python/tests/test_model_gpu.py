@@ -17,7 +17,12 @@ so, and b = 1..16 counted fast), still equal to the stock model and to
 eager, and captured too where the stock all-gather can be (tp 1, NCCL).
 
 The model's stand-in experts use exact arithmetic only (see the example),
-so the comparisons see the boundaries, not torch.compile's rounding.
+and the model is compiled with Inductor's emulate_precision_casts
+(ms.COMPILE_OPTIONS), so that its residual adds round as eager's do: the
+comparisons see the boundaries, not torch.compile's rounding. (Without it
+Inductor may fuse the residual adds of consecutive layers into one FP32
+sum with one BF16 rounding, x + y0 + y1, where eager rounds x + y0 first:
+other bits than eager, as docs/python.md records.)
 
 Run: PYTHONPATH=<build>/python python -m pytest python/tests/test_model_gpu.py
 """
@@ -75,7 +80,7 @@ def model_checks(group, device: int, s: int, *, capture_fallback: bool, replays:
     fast.load_weights(checkpoint.items())
     stock.load_weights(checkpoint.items())
     del checkpoint
-    compiled = torch.compile(fast, fullgraph=True, dynamic=True)
+    compiled = torch.compile(fast, fullgraph=True, dynamic=True, options=ms.COMPILE_OPTIONS)
     stream = torch.cuda.current_stream(device)
     tp = fast_ws.tp
 

@@ -37,15 +37,15 @@ if ! { [ -x /usr/local/cuda/bin/cuobjdump ] && [ -x /usr/local/cuda/bin/nvdisasm
   fi
 fi
 
-# torch and pytest for the torch layer's CPU tests (python_torch_cpu: the
+# torch, numpy and pytest for the torch layer's CPU tests (python_torch_cpu: the
 # operators' fake implementations, the group adapter, argument errors), from
 # PyPI into .deps/torch where the interpreter lacks them (about 5 GB: torch's
 # wheel and its NVIDIA libraries; the tests run without a GPU).
 if ! python3 -c "import torch, pytest" >/dev/null 2>&1 && ! [ -d "$root/.deps/torch/torch" ]; then
-  echo "setup-deps: installing torch 2.11 and pytest into .deps/torch (the torch layer's CPU tests)"
+  echo "setup-deps: installing torch 2.11, numpy and pytest into .deps/torch (the torch layer's CPU tests)"
   mkdir -p "$root/.deps"
   if ! python3 -m pip install --quiet --disable-pip-version-check --target "$root/.deps/torch" \
-         "torch==2.11.*" pytest >"$root/.deps/torch.log" 2>&1; then
+         "torch==2.11.*" numpy pytest >"$root/.deps/torch.log" 2>&1; then
     rm -rf "$root/.deps/torch"
     echo "setup-deps: could not install them (.deps/torch.log); the torch layer's CPU tests will be skipped" >&2
   fi

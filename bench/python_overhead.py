@@ -67,8 +67,8 @@ def host_us(fn) -> float:
     return host
 
 
-def graph_us(fn, replays: int = 200, repeats: int = 5) -> float:
-    """Median over repeats of the mean replay time of a graph of one fn() call."""
+def capture(fn) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of one fn() call (warmed up on a side stream first)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -78,17 +78,26 @@ def graph_us(fn, replays: int = 200, repeats: int = 5) -> float:
     with torch.cuda.graph(graph):
         fn()
     graph.replay()
-    times = []
+    return graph
+
+
+def graphs_us(fns: dict, replays: int = 200, repeats: int = 7) -> dict:
+    """{name: us per replay} of a graph of each fn: the graphs captured first,
+    then timed in turn, round after round (so that no variant gets the
+    clock's or the caches' better moment), the median of the rounds' means."""
+    graphs = {name: capture(fn) for name, fn in fns.items()}
+    times = {name: [] for name in fns}
     for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / replays)
-    return sorted(times)[len(times) // 2]
+        for name, graph in graphs.items():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            start.record()
+            for _ in range(replays):
+                graph.replay()
+            end.record()
+            torch.cuda.synchronize()
+            times[name].append(start.elapsed_time(end) * 1e3 / replays)
+    return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
 
 
 def eager_overhead(records: list) -> None:
@@ -145,9 +154,9 @@ def graph_overhead(records: list) -> None:
         return x + y
 
     compiled = torch.compile(model, fullgraph=True)
-    for label, fn in (("class calls", classes), ("eager model (ops)", lambda: model(x)),
-                      ("compiled model (ops)", lambda: compiled(x))):
-        us = graph_us(fn)
+    timed = graphs_us({"class calls": classes, "eager model (ops)": lambda: model(x),
+                       "compiled model (ops)": lambda: compiled(x)})
+    for label, us in timed.items():
         records.append({"op": "python_overhead", "impl": "graph", "variant": label, "mode": "graph", "b": b,
                         "us": us})
         print(f"{'one layer, graph replay: ' + label:46s} {us:6.2f} us/step")
@@ -167,10 +176,10 @@ def model_steps(records: list, layers: int) -> None:
     del checkpoint
     with torch.inference_mode():
         for b in (1, 4, 8, 16):
-            times = {}
-            for path, (ws, compiled) in models.items():
-                x = torch.randn(b, H, device=device).to(torch.bfloat16)
-                times[path] = graph_us(lambda: compiled(x), replays=20)
+            x = torch.randn(b, H, device=device).to(torch.bfloat16)
+            times = graphs_us({path: (lambda c=compiled: c(x)) for path, (ws, compiled) in models.items()},
+                              replays=20)
+            for path in models:
                 records.append({"op": "model_step", "impl": "spark" if path == "fast" else "stock",
                                 "variant": f"compiled+graph, {layers} MoE layers", "mode": "graph", "tp": 1,
                                 "b": b, "us": times[path]})

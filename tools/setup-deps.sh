@@ -44,7 +44,7 @@ fi
 if ! python3 -c "import torch, pytest" >/dev/null 2>&1 && ! [ -d "$root/.deps/torch/torch" ]; then
   echo "setup-deps: installing torch 2.11, numpy and pytest into .deps/torch (the torch layer's CPU tests)"
   mkdir -p "$root/.deps"
-  if ! python3 -m pip install --quiet --disable-pip-version-check --target "$root/.deps/torch" \
+  if ! python3 -m pip install --quiet --disable-pip-version-check --timeout 20 --retries 1 --target "$root/.deps/torch" \
          "torch==2.11.*" numpy pytest >"$root/.deps/torch.log" 2>&1; then
     rm -rf "$root/.deps/torch"
     echo "setup-deps: could not install them (.deps/torch.log); the torch layer's CPU tests will be skipped" >&2

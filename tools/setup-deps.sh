@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what a fresh Debian/Ubuntu machine lacks to build spark-decode and
-# its tests. The CUDA toolkit (nvcc, cuBLAS) must already be there.
+# its tests (with --tests, also what the tests alone need). The CUDA toolkit
+# (nvcc, cuBLAS) must already be there.
 set -euo pipefail
 
 need=()
@@ -17,38 +18,45 @@ if ((${#need[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
-# cuobjdump and nvdisasm, for tools/check_sass.py (a CPU test that reads the
-# built kernels' machine code), where the CUDA toolkit lacks them: NVIDIA's
-# PyPI wheels, into .deps/cuda-tools.
 root="$(cd "$(dirname "$0")/.." && pwd)"
-if ! { [ -x /usr/local/cuda/bin/cuobjdump ] && [ -x /usr/local/cuda/bin/nvdisasm ]; } &&
-   ! [ -x "$root/.deps/cuda-tools/nvidia/cu13/bin/nvdisasm" ]; then
+
+# pip_into NAME WHAT PACKAGE...: PyPI packages into .deps/NAME (log in
+# .deps/NAME.log); where that fails, says that WHAT will be skipped and goes
+# on (a machine without PyPI still builds and tests the rest).
+pip_into() {
+  local name=$1 what=$2
+  shift 2
   if ! python3 -m pip --version >/dev/null 2>&1; then
     SUDO=""
     [ "$(id -u)" -eq 0 ] || SUDO=sudo
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3-pip >/dev/null
   fi
-  echo "setup-deps: installing cuobjdump and nvdisasm into .deps/cuda-tools"
+  echo "setup-deps: installing $* into .deps/$name"
   mkdir -p "$root/.deps"
-  if ! python3 -m pip install --quiet --disable-pip-version-check --target "$root/.deps/cuda-tools" \
-         nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm >"$root/.deps/cuda-tools.log" 2>&1; then
-    echo "setup-deps: could not install them (.deps/cuda-tools.log); the machine-code check will be skipped" >&2
+  if ! python3 -m pip install --quiet --disable-pip-version-check --timeout 20 --retries 1 \
+         --target "$root/.deps/$name" "$@" >"$root/.deps/$name.log" 2>&1; then
+    rm -rf "${root:?}/.deps/$name"
+    echo "setup-deps: could not install them (.deps/$name.log); $what will be skipped" >&2
   fi
+}
+
+# cuobjdump and nvdisasm, for tools/check_sass.py (a CPU test that reads the
+# built kernels' machine code), where the CUDA toolkit lacks them: NVIDIA's
+# PyPI wheels.
+if ! { [ -x /usr/local/cuda/bin/cuobjdump ] && [ -x /usr/local/cuda/bin/nvdisasm ]; } &&
+   ! [ -x "$root/.deps/cuda-tools/nvidia/cu13/bin/nvdisasm" ]; then
+  pip_into cuda-tools "the machine-code check" nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm
 fi
 
-# torch, numpy and pytest for the torch layer's CPU tests (python_torch_cpu: the
-# operators' fake implementations, the group adapter, argument errors), from
-# PyPI into .deps/torch where the interpreter lacks them (about 5 GB: torch's
-# wheel and its NVIDIA libraries; the tests run without a GPU).
-if ! python3 -c "import torch, pytest" >/dev/null 2>&1 && ! [ -d "$root/.deps/torch/torch" ]; then
-  echo "setup-deps: installing torch 2.11, numpy and pytest into .deps/torch (the torch layer's CPU tests)"
-  mkdir -p "$root/.deps"
-  if ! python3 -m pip install --quiet --disable-pip-version-check --timeout 20 --retries 1 --target "$root/.deps/torch" \
-         "torch==2.11.*" numpy pytest >"$root/.deps/torch.log" 2>&1; then
-    rm -rf "$root/.deps/torch"
-    echo "setup-deps: could not install them (.deps/torch.log); the torch layer's CPU tests will be skipped" >&2
-  fi
+# With --tests (the README's test command, CI): torch, numpy and pytest for
+# the torch layer's CPU tests (python_torch_cpu: the operators' fake
+# implementations, the group adapter, argument errors) where the interpreter
+# lacks them (about 5 GB: torch's wheel and its NVIDIA libraries; the tests
+# run without a GPU). The main job does not need them.
+if [ "${1:-}" = "--tests" ] && ! python3 -c "import torch, pytest" >/dev/null 2>&1 &&
+   ! [ -d "$root/.deps/torch/torch" ]; then
+  pip_into torch "the torch layer's CPU tests" "torch==2.11.*" numpy pytest
 fi
 
 if ! command -v nvcc >/dev/null; then

@@ -1,6 +1,6 @@
 """The torch layer of the binding without a GPU: what needs torch but no
-device (a CPU test: CI gets torch from tools/setup-deps.sh; without torch it
-exits 77, skipped).
+device (a CPU test: CI gets torch from tools/setup-deps.sh --tests; without
+torch it exits 77, skipped).
 
 - The ops' fake implementations: shapes and dtypes (against the library's
   pooler_output_spec) on meta tensors, under FakeTensorMode, and traced by

@@ -153,7 +153,7 @@ def graph_overhead(records: list) -> None:
         unpooler.run(m, y)
         return x + y
 
-    compiled = torch.compile(model, fullgraph=True)
+    compiled = torch.compile(model, fullgraph=True, options=ms.COMPILE_OPTIONS)
     timed = graphs_us({"class calls": classes, "eager model (ops)": lambda: model(x),
                        "compiled model (ops)": lambda: compiled(x)})
     for label, us in timed.items():
@@ -172,7 +172,8 @@ def model_steps(records: list, layers: int) -> None:
         ws = sd.moe.Workspace(None, hidden=H, pooled=P, path=path)
         model = ms.MuseSparkForCausalLM(config, workspace=ws)
         model.load_weights(checkpoint.items())
-        models[path] = (ws, torch.compile(model, fullgraph=True, dynamic=True))
+        # Compiled as the example's main() and test_model_gpu.py compile it.
+        models[path] = (ws, torch.compile(model, fullgraph=True, dynamic=True, options=ms.COMPILE_OPTIONS))
     del checkpoint
     with torch.inference_mode():
         for b in (1, 4, 8, 16):
@@ -196,9 +197,9 @@ def write(records: list, out: str) -> None:
     with open(os.path.join(out, "python_overhead.json"), "w") as f:
         json.dump(doc, f, indent=1)
     lines = [f"# PyTorch binding overhead ({doc['gpu']}, {doc['date']}, {doc['commit']}, torch {doc['torch']})", "",
-             "| what | mode | b | us |", "| --- | --- | --- | --- |"]
+             "| what | impl | mode | b | us |", "| --- | --- | --- | --- | --- |"]
     for r in records:
-        lines.append(f"| {r['variant']} | {r['mode']} | {r['b']} | {r['us']:.2f} |")
+        lines.append(f"| {r['variant']} | {r['impl']} | {r['mode']} | {r['b']} | {r['us']:.2f} |")
     with open(os.path.join(out, "python_overhead.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print(f"wrote {out}/python_overhead.json and .md")

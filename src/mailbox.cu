@@ -74,8 +74,9 @@ LamportMailbox::LamportMailbox(Group& group, int tp, int rank, int capacity, int
 
   const mailbox::Layout layout{tp, capacity, width};
   const size_t data_bytes = size_t(layout.copy_elems()) * 2;
+  const size_t claim_bytes = size_t(layout.claim_words()) * sizeof(uint32_t);  // right after the data
   const size_t data_offset = round_up(options.guard_bytes, kAlign);
-  const size_t state_offset = data_offset + round_up(data_bytes, kAlign);
+  const size_t state_offset = data_offset + round_up(data_bytes + claim_bytes, kAlign);
   const size_t total = state_offset + kAlign + options.guard_bytes;
 
   memory_ = std::make_unique<SymmetricMemory>(group, device, total);  // collective; agrees on failure
@@ -84,7 +85,10 @@ LamportMailbox::LamportMailbox(Group& group, int tp, int rank, int capacity, int
     CUDA_CHECK(cudaMemset(base, kMailboxGuardByte, total));
     const std::vector<uint16_t> sentinel(layout.copy_elems(), mailbox::kSentinel);
     CUDA_CHECK(cudaMemcpy(base + data_offset, sentinel.data(), data_bytes, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemset(base + state_offset, 0, mailbox::kStateWords * sizeof(int32_t)));
+    CUDA_CHECK(cudaMemset(base + data_offset + data_bytes, 0xff, claim_bytes));  // kNoClaim
+    static_assert(mailbox::kNoClaim == 0xffffffffu);
+    const uint32_t state[4] = {0, mailbox::kNeverPublished, 0, 0};  // NEXT, ACTIVE, STATUS, unused
+    CUDA_CHECK(cudaMemcpy(base + state_offset, state, sizeof state, cudaMemcpyHostToDevice));
     view_.state = reinterpret_cast<int32_t*>(base + state_offset);
     for (int q = 0; q < tp; ++q)
       view_.copies[q] = reinterpret_cast<uint16_t*>(static_cast<char*>(memory_->peer(q)) + data_offset);
@@ -198,15 +202,31 @@ void LamportMailbox::gather(const TensorRef& out, cudaStream_t stream,
 std::optional<std::string> LamportMailbox::timeout_report() const {
   const uint32_t r = *static_cast<volatile uint32_t*>(record_host_);
   if (!mailbox::record_valid(r)) return std::nullopt;
-  if (mailbox::record_kind(r) == mailbox::kNoPublish)
-    return detail::concat("mailbox protocol error on rank ", mailbox::record_rank(r), " (cuda:", device_,
-                          "): a consumer of stage ", mailbox::record_stage(r),
-                          " ran with no publish since the last consume (a skipped publish or a second gather)");
-  return detail::concat("mailbox spin timeout on rank ", mailbox::record_rank(r), " (cuda:",
-                        device_, "): stage ", mailbox::record_stage(r), ", source ",
-                        mailbox::record_source(r), ", row ", mailbox::record_row(r),
-                        " was not published within ", view_.spin_timeout_ns / 1e9,
-                        " s (a peer is missing, late, or ran its calls in another order)");
+  const int rank = mailbox::record_rank(r), stage = mailbox::record_stage(r), source = mailbox::record_source(r),
+            row = mailbox::record_row(r);
+  const auto on = [&](const char* what) { return detail::concat("mailbox ", what, " on rank ", rank, " (cuda:", device_, ")"); };
+  switch (mailbox::record_kind(r)) {
+    case mailbox::kNoPublish:
+      return detail::concat(on("protocol error"), ": a consumer of stage ", stage,
+                            " ran with no publish since the last consume (a skipped publish or a second gather)");
+    case mailbox::kDoublePublish:
+      return detail::concat(on("protocol error"), ": stage ", stage,
+                            " was published twice with no consume in between (its peers fail this call too)");
+    case mailbox::kRowsDiffer:
+      return detail::concat(on("protocol error"), ": rank ", source, " published stage ", stage, " with b = ", row,
+                            " where this rank consumed another b (every rank must call with the same b)");
+    case mailbox::kTagDiffer:
+      return detail::concat(on("protocol error"), ": rank ", source, " published stage ", stage, " with tag ", row,
+                            " (the Pooler's layer) where this rank consumed another (every rank must call the same "
+                            "layer in the same order)");
+    case mailbox::kPeerFailed:
+      return detail::concat(on("failure"), ": rank ", source, "'s mailbox had failed (or it published stage ", stage,
+                            " twice): its report names the cause");
+    default:
+      return detail::concat(on("spin timeout"), ": stage ", stage, ", source ", source, ", row ", row,
+                            " was not published within ", view_.spin_timeout_ns / 1e9,
+                            " s (a peer is missing, late, or ran its calls in another order)");
+  }
 }
 
 void LamportMailbox::raise_if_failed(cudaError_t err) const {

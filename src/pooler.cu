@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "cuda_utils.h"
+#include "kernels/mailbox/protocol.h"
 #include "launchers.h"
 #include "spark_decode/error.h"
 #include "spark_decode/expert_norm.h"
@@ -358,6 +359,7 @@ TensorRef Pooler::project(int layer, const void* x, int b, cudaStream_t stream) 
   check_call(layer, b, "project");
   layers_[layer]->gemm.check_operands(x, shard_, b);
   layers_[layer]->gemm.launch(x, shard_, b, /*publish=*/false, stream);
+  projected_layer_ = layer;
   return TensorRef::contiguous(shard_, DType::bf16, {b, shard_width()}, device_);
 }
 
@@ -365,19 +367,30 @@ TensorRef Pooler::project(int layer, const TensorRef& x, cudaStream_t stream) {
   return project(layer, x.data, checked_rows(x, hidden_, device_), stream);
 }
 
+// The layer as the mailbox's call tag (MailboxView::tag): every publish and
+// consume of a call carries it, so ranks calling different layers fail
+// instead of norming each other's projections.
+uint32_t Pooler::layer_tag(int layer) { return static_cast<uint32_t>(layer) & mailbox::kMaxTag; }
+
+MailboxView Pooler::tagged_view(int layer) const {
+  MailboxView v = mailbox_->view();
+  v.tag = layer_tag(layer);
+  return v;
+}
+
 void Pooler::publish(int b, cudaStream_t stream) {
   mailbox_->check();
   SPARK_CHECK(b >= 1 && b <= kMaxBatch && steps_[b - 1], "pooler publish: b = ", b,
               " is not one of the batches given at construction");
   detail::require_current_device(device_, "the pooler");
-  detail::launch_mailbox_publish(mailbox_->view(), shard_, b, LamportMailbox::PublishOptions{}.threads, enable_pdl_,
-                                 stream);
+  detail::launch_mailbox_publish(tagged_view(projected_layer_), shard_, b, LamportMailbox::PublishOptions{}.threads,
+                                 enable_pdl_, stream);
 }
 
 // The consumer of (layer, b) into `out`, in the layer's format.
 void Pooler::consume(int layer, int b, const PoolerStep& st, const PoolerOutput& out, cudaStream_t stream) {
   const PoolerLayer& spec = layers_[layer]->spec;
-  detail::launch_gather_norm(mailbox_->view(), out.format, spec.norm_weight.data,
+  detail::launch_gather_norm(tagged_view(layer), out.format, spec.norm_weight.data,
                              spec.global_scale ? static_cast<const float*>(spec.global_scale->data) : nullptr,
                              spec.eps, spec.gain_center, out.normed.data, out.a.data, out.a_sf.data, b, enable_pdl_,
                              st.consumer == ConsumerLaunch::early, stream);
@@ -419,9 +432,9 @@ PoolerOutput Pooler::run(int layer, const void* x, int b, cudaStream_t stream) {
   gemm.check_operands(x, shard_, b);
   const PoolerOutput out = scratch_outputs(layer, b);
   const bool epilogue = st.publish == PublishRoute::epilogue;
-  gemm.launch(x, shard_, b, /*publish=*/epilogue, stream);
+  gemm.launch(x, shard_, b, /*publish=*/epilogue, stream, layer_tag(layer));
   if (!epilogue)
-    detail::launch_mailbox_publish(mailbox_->view(), shard_, b, LamportMailbox::PublishOptions{}.threads, enable_pdl_,
+    detail::launch_mailbox_publish(tagged_view(layer), shard_, b, LamportMailbox::PublishOptions{}.threads, enable_pdl_,
                                    stream);
   consume(layer, b, st, out, stream);
   return out;
@@ -438,9 +451,9 @@ void Pooler::run(int layer, const TensorRef& x, const PoolerOutput& out, cudaStr
   gemm.check_operands(x.data, shard_, b);
   check_outputs(layer, b, out, x.data);
   const bool epilogue = st.publish == PublishRoute::epilogue;
-  gemm.launch(x.data, shard_, b, /*publish=*/epilogue, stream);
+  gemm.launch(x.data, shard_, b, /*publish=*/epilogue, stream, layer_tag(layer));
   if (!epilogue)
-    detail::launch_mailbox_publish(mailbox_->view(), shard_, b, LamportMailbox::PublishOptions{}.threads, enable_pdl_,
+    detail::launch_mailbox_publish(tagged_view(layer), shard_, b, LamportMailbox::PublishOptions{}.threads, enable_pdl_,
                                    stream);
   consume(layer, b, st, out, stream);
 }

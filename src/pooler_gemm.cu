@@ -100,9 +100,14 @@ PoolerGemmChoice PoolerGemm::choice(int m) const {
   return *choice_[m - 1];
 }
 
-void PoolerGemm::launch(const void* x, void* out, int m, bool publish, cudaStream_t stream) const {
+void PoolerGemm::launch(const void* x, void* out, int m, bool publish, cudaStream_t stream, uint32_t tag) const {
   const PoolerGemmChoice& c = *choice_[m - 1];
-  const MailboxView* into = publish ? &mailbox_->view() : nullptr;
+  MailboxView tagged;
+  if (publish) {
+    tagged = mailbox_->view();
+    tagged.tag = tag;
+  }
+  const MailboxView* into = publish ? &tagged : nullptr;
   switch (c.engine) {
     case GemmEngine::splitk_mma: engines_->splitk->launch(x, out, m, into, nullptr, stream); break;
     case GemmEngine::ring_mma: engines_->ring->launch(x, out, m, into, stream); break;

@@ -12,9 +12,12 @@
 //
 // Memory per rank (SymmetricMemory over the group, allocated and filled at
 // construction):
-//   data   BF16 [3 stages][tp sources][capacity rows][width], 256-byte aligned
-//   state  int32 [2]: NEXT (written by consumers) and ACTIVE (written by
-//          publishers); stage << 16 | rows. See src/kernels/mailbox/protocol.h.
+//   data   BF16 [3 stages][tp sources][capacity rows][width], 256-byte aligned,
+//          then the claims uint32 [3 stages][tp sources][2] (each source's
+//          call counter, rows and tag);
+//   state  int32 [3]: NEXT (written by consumers) and ACTIVE (written by
+//          publishers), call << 16 | rows, and STATUS. See
+//          src/kernels/mailbox/protocol.h.
 // Kernels take it as a MailboxView (view()).
 // The stage advances on the device, once per call, so a captured CUDA graph
 // replays correctly any number of times.
@@ -44,9 +47,11 @@
 // kernels. Both are CUDA-graph capturable (each enqueues one kernel).
 //
 // Failures: a consumer that waits longer than Options::spin_timeout_s for a
-// slot (a peer missing, late, or calling with another b or in another
-// order), or that runs with no publish since the last consume (a skipped
-// publish, a second gather), gives up. It records the kind, rank, stage,
+// slot (a peer missing, late, or calling in another order), that runs with
+// no publish since the last consume (a skipped publish, a second gather),
+// or whose peer claims other rows (another b), another tag (the Pooler: a
+// rank calling another layer) or a failure of its own (its mailbox had
+// failed, or it published the call twice), gives up. It records the kind, rank, stage,
 // source and row (device STATUS word and a host-mapped word) and, per
 // Options::on_failure:
 //   poison (default): stops waiting, stores the poison into the outputs it

@@ -26,6 +26,12 @@ struct MailboxView {
   uint32_t* timeout_record = nullptr;  // host-mapped word a timing-out consumer reports into
   uint64_t spin_timeout_ns = 0;        // a consumer gives up on a slot after this long
   int tp = 0, rank = 0, capacity = 0, width = 0;
+  // The call's tag (16 bits; docs/design.md, "The Lamport mailbox
+  // protocol"): what a publisher claims with its rows and what a consumer
+  // requires of every source's claim. The Pooler sets it to the layer per
+  // call (on a copy of the view), so ranks calling different layers fail
+  // instead of mixing them; 0 where the caller gives none.
+  uint32_t tag = 0;
   // What a consumer does when it gives up (a spin timeout, a consume with no
   // publish): 0 records the failure (host word and STATUS), poisons the
   // outputs it could not make and returns; 1 records it and traps.

@@ -282,6 +282,10 @@ class Pooler {
   bool enable_pdl_;
   PoolerOptions options_;
   std::vector<std::unique_ptr<Layer>> layers_;  // by index; null: not attached
+  // The layer of the last project: the tag publish(b) claims.
+  int projected_layer_ = 0;
+  static uint32_t layer_tag(int layer);
+  MailboxView tagged_view(int layer) const;
   std::vector<std::optional<PoolerStep>> steps_;  // by b - 1
   std::vector<int> batches_;
   std::unique_ptr<LamportMailbox> mailbox_;

@@ -111,9 +111,10 @@ class PoolerGemm {
   friend class Pooler;  // validates a call once, then launches
   struct Engines;
 
-  // One kernel: the engine of batch m, publishing into mailbox_ or not. No
-  // checks: m is prepared, the pointers are valid, the device is current.
-  void launch(const void* x, void* out, int m, bool publish, cudaStream_t stream) const;
+  // One kernel: the engine of batch m, publishing into mailbox_ or not
+  // (claiming `tag`: the Pooler's layer; MailboxView::tag). No checks: m is
+  // prepared, the pointers are valid, the device is current.
+  void launch(const void* x, void* out, int m, bool publish, cudaStream_t stream, uint32_t tag = 0) const;
   void check_operands(const void* x, void* out, int m) const;  // alignment, overlap
   void check_run(const void* x, void* out, int m) const;       // + m prepared, the current device
 

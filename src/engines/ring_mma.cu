@@ -40,7 +40,7 @@ RingMma::RingMma(const void* weight, int n, int k, int device, bool enable_pdl)
 void RingMma::launch(const void* x, void* out, int m, const MailboxView* publish, cudaStream_t stream) const {
   kernels::GemmArgs args{static_cast<const __nv_bfloat16*>(weight_), static_cast<const __nv_bfloat16*>(x),
                          static_cast<__nv_bfloat16*>(out), n_, k_, m,
-                         publish ? kernels::mailbox_dev::Publish::into(*publish) : kernels::mailbox_dev::Publish::none()};
+                         publish ? kernels::mailbox_dev::Publish::into(*publish, nullptr, m) : kernels::mailbox_dev::Publish::none()};
   const int tile = ring_tile(m);
   kernels::LaunchShape shape;
   shape.grid = dim3(grid_);

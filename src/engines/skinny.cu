@@ -41,7 +41,7 @@ void launch_skinny(const PoolerGemmShape& s, const void* w, const void* x, void*
                    bool enable_pdl, const MailboxView* publish, cudaStream_t stream) {
   kernels::GemmArgs args{static_cast<const __nv_bfloat16*>(w), static_cast<const __nv_bfloat16*>(x),
                          static_cast<__nv_bfloat16*>(out), n, k, m,
-                         publish ? kernels::mailbox_dev::Publish::into(*publish) : kernels::mailbox_dev::Publish::none()};
+                         publish ? kernels::mailbox_dev::Publish::into(*publish, nullptr, m) : kernels::mailbox_dev::Publish::none()};
   kernels::LaunchShape shape;
   shape.grid = dim3(n / s.outputs_per_block);
   shape.block = dim3(s.block_size);

@@ -90,7 +90,7 @@ void SplitKMma::launch(const void* x, void* out, int m, const MailboxView* publi
   const int tile = tactic_.token_tile[m - 1], row_tiles = tactic_.row_tiles[m - 1];
   kernels::GemmArgs args{static_cast<const __nv_bfloat16*>(weight_), static_cast<const __nv_bfloat16*>(x),
                          static_cast<__nv_bfloat16*>(out), n_, k_, m,
-                         publish ? kernels::mailbox_dev::Publish::into(*publish, ticket)
+                         publish ? kernels::mailbox_dev::Publish::into(*publish, ticket, m)
                                  : kernels::mailbox_dev::Publish::none()};
   kernels::launch(kernel_for(tactic_, tile, row_tiles), launch_shape(n_, k_, tactic_, tile, row_tiles, enable_pdl_),
                   stream, args);

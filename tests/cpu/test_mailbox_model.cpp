@@ -2,7 +2,8 @@
 //
 // Expected values come from the spec, not from protocol.h: call k runs on
 // stage k % 3, the layout is [3][tp][capacity][width], NEXT after call k is
-// ((k + 1) % 3 << 16) | b_k, -0.0 arrives as +0.0, everything else bit for bit.
+// ((k + 1) << 16) | b_k (the call counter, modulo 65535), -0.0 arrives as
+// +0.0, everything else bit for bit.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -116,7 +117,7 @@ std::vector<std::string> run_many_calls(int tp, int calls, int capacity, int wid
               return;
             }
           }
-      const uint32_t want_next = (uint32_t(next) << 16) | uint32_t(b);
+      const uint32_t want_next = (uint32_t((k + 1) % 65535) << 16) | uint32_t(b);
       if (model.state_word(rank, 0) != want_next) {
         failures.add(rank, "NEXT after call " + std::to_string(k) + " = " +
                                std::to_string(model.state_word(rank, 0)) + " want " +
@@ -186,7 +187,8 @@ TEST(MailboxModel, RefusesRowsOutsideCapacityWithoutWriting) {
   EXPECT_THROW(model.publish(2, buf.data(), 1), sd::InvalidArgument);
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(model.state_word(r, 0), 0u);
-    EXPECT_EQ(model.state_word(r, 1), 0u);
+    EXPECT_EQ(model.state_word(r, 1), 0xffffffffu);  // ACTIVE: never published
+    EXPECT_EQ(model.state_word(r, 2), 0u);
     for (int s = 0; s < 3; ++s)
       for (int q = 0; q < 2; ++q)
         for (int row = 0; row < 4; ++row)
@@ -248,14 +250,32 @@ namespace {
 // The words and records against the spec's bit layout, written out here.
 TEST(MailboxProtocol, WordsAndTimeoutRecordsFollowTheSpecLayout) {
   namespace mb = sd::mailbox;
-  for (int stage = 0; stage < 3; ++stage)
+  for (uint32_t call : {0u, 1u, 2u, 3u, 100u, 65533u, 65534u})
     for (int rows : {0, 1, 16, 65535}) {
-      const uint32_t w = mb::make_word(stage, rows);
-      EXPECT_EQ(w, (uint32_t(stage) << 16) | uint32_t(rows));
-      EXPECT_EQ(mb::word_stage(w), stage);
+      const uint32_t w = mb::make_word(call, rows);
+      EXPECT_EQ(w, (call << 16) | uint32_t(rows));
+      EXPECT_EQ(mb::word_call(w), call);
+      EXPECT_EQ(mb::word_stage(w), int(call % 3));
       EXPECT_EQ(mb::word_rows(w), rows);
-      EXPECT_EQ(mb::advance_word(stage, rows), (uint32_t((stage + 1) % 3) << 16) | uint32_t(rows));
+      // The counter wraps at 65535 = 3 x 21845: the stage still rotates.
+      const uint32_t after = call == 65534u ? 0u : call + 1;
+      EXPECT_EQ(mb::advance_word(w, 7), (after << 16) | 7u);
+      EXPECT_EQ(mb::word_stage(mb::advance_word(w, 7)), int((call % 3 + 1) % 3));
     }
+  // Claims: both words name the call; "pending" for any other call.
+  EXPECT_EQ(mb::claim_rows_word(5, 9), (5u << 16) | 9u);
+  EXPECT_EQ(mb::claim_tag_word(5, 61), (5u << 16) | 61u);
+  EXPECT_EQ(mb::check_claim(mb::claim_rows_word(5, 9), mb::claim_tag_word(5, 61), 5, 9, 61), mb::kClaimMatches);
+  EXPECT_EQ(mb::check_claim(mb::claim_rows_word(2, 9), mb::claim_tag_word(2, 61), 5, 9, 61), mb::kClaimPending);
+  EXPECT_EQ(mb::check_claim(mb::claim_rows_word(5, 9), mb::claim_tag_word(2, 61), 5, 9, 61), mb::kClaimPending);
+  EXPECT_EQ(mb::check_claim(0xffffffffu, 0xffffffffu, 0, 1, 0), mb::kClaimPending);  // the initial claim
+  EXPECT_EQ(mb::check_claim(mb::claim_rows_word(5, 8), mb::claim_tag_word(5, 61), 5, 9, 61), mb::kClaimRowsDiffer);
+  EXPECT_EQ(mb::check_claim(mb::claim_rows_word(5, 9), mb::claim_tag_word(5, 60), 5, 9, 61), mb::kClaimTagDiffer);
+  EXPECT_EQ(mb::check_claim(mb::claim_rows_word(5, 0), mb::claim_tag_word(5, 61), 5, 9, 61), mb::kClaimPeerFailed);
+  const mb::Layout C{4, 16, 24};
+  EXPECT_EQ(C.claims_byte_offset(), int64_t(3 * 4 * 16 * 24) * 2);
+  EXPECT_EQ(C.claim_index(2, 3), (2 * 4 + 3) * 2);
+  EXPECT_EQ(C.claim_words(), 3 * 4 * 2);
   const mb::Layout L{4, 16, 24};
   EXPECT_EQ(L.copy_elems(), 3 * 4 * 16 * 24);
   EXPECT_EQ(L.offset(2, 3, 15, 23), ((2 * 4 + 3) * 16 + 15) * 24 + 23);
@@ -302,12 +322,136 @@ TEST(MailboxModel, ConsumeWithoutPublishIsNamed) {
     EXPECT_EQ(e.stage, 0);
     EXPECT_NE(std::string(e.what()).find("no publish since the last consume"), std::string::npos) << e.what();
   }
-  // The protocol goes on once the call publishes.
+  // The mailbox stays failed (as on the device, where the host's next check
+  // raises): a later call gives no rows, stale or new.
   m.publish(0, src.data(), 3);
-  m.consume(0, out.data(), 3, std::chrono::milliseconds(100));
-  EXPECT_EQ(out[0], 0x3f80);
+  EXPECT_EQ(m.claim_word(0, 1, 0, 0), (1u << 16) | 0u);  // its claim says "failed", not b = 3
+  EXPECT_THROW(m.consume(0, out.data(), 3, std::chrono::milliseconds(100)), sd::reference::MailboxFailed);
   const uint32_t r = sd::mailbox::make_record(sd::mailbox::kNoPublish, 3, 2, 0, 0);
   EXPECT_EQ(sd::mailbox::record_kind(r), sd::mailbox::kNoPublish);
   EXPECT_EQ(sd::mailbox::record_rank(r), 3);
   EXPECT_EQ(sd::mailbox::record_kind(sd::mailbox::make_timeout_record(3, 2, 1, 7)), sd::mailbox::kTimeout);
 }
+
+namespace {
+
+using sd::reference::MailboxFailed;
+constexpr auto kShort = std::chrono::milliseconds(200);
+
+// Runs one call on every rank of `model` in its own thread with rank r's
+// (b, tag); returns what each rank's consume threw ("" if it returned).
+std::vector<std::string> one_call(MailboxModel& model, const std::vector<int>& b, const std::vector<uint32_t>& tag,
+                                  std::vector<uint32_t>* kinds = nullptr) {
+  const int tp = model.layout().tp;
+  std::vector<std::string> what(tp);
+  if (kinds) kinds->assign(tp, 0xffffffffu);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < tp; ++r)
+    threads.emplace_back([&, r] {
+      std::vector<uint16_t> src(size_t(model.layout().capacity) * model.layout().width, 0x3f80);
+      std::vector<uint16_t> out(size_t(model.layout().capacity) * tp * model.layout().width);
+      model.publish(r, src.data(), b[r], tag[r]);
+      try {
+        model.consume(r, out.data(), b[r], kShort, tag[r]);
+      } catch (const MailboxFailed& e) {
+        what[r] = e.what();
+        if (kinds) (*kinds)[r] = e.kind;
+      } catch (const std::exception& e) {
+        what[r] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  return what;
+}
+
+// Every rank fails at once when one calls with another b: the claims name
+// it, no rank waits for the timeout, none returns rows.
+TEST(MailboxModel, RanksWithDifferentRowsFailByName) {
+  for (int tp : {2, 4, 8}) {
+    MailboxModel model(tp, 8, 16);
+    std::vector<int> b(tp, 4);
+    std::vector<uint32_t> tag(tp, 0), kinds;
+    ASSERT_EQ(one_call(model, b, tag), std::vector<std::string>(tp));  // a good call first
+    b[tp - 1] = 6;
+    const auto start = std::chrono::steady_clock::now();
+    const auto what = one_call(model, b, tag, &kinds);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, kShort) << "tp " << tp << ": waited for the timeout";
+    for (int r = 0; r < tp; ++r) {
+      EXPECT_EQ(kinds[r], sd::mailbox::kRowsDiffer) << "tp " << tp << " rank " << r << ": " << what[r];
+      const std::string want = r == tp - 1 ? "claims b = 4" : "source " + std::to_string(tp - 1) + " claims b = 6";
+      EXPECT_NE(what[r].find(want), std::string::npos) << what[r];
+    }
+  }
+}
+
+// A rank calling another layer (the Pooler's tag) fails every rank by name.
+TEST(MailboxModel, RanksOnDifferentLayersFailByName) {
+  MailboxModel model(4, 8, 16);
+  std::vector<int> b(4, 3);
+  std::vector<uint32_t> kinds;
+  ASSERT_EQ(one_call(model, b, {7, 7, 7, 7}), std::vector<std::string>(4));
+  const auto what = one_call(model, b, {8, 8, 9, 8}, &kinds);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(kinds[r], sd::mailbox::kTagDiffer) << "rank " << r << ": " << what[r];
+    EXPECT_NE(what[r].find(r == 2 ? "claims tag 8" : "source 2 claims tag 9"), std::string::npos) << what[r];
+  }
+}
+
+// A second publish of one call (whose rows could replace what a peer took)
+// fails its rank, and its failed claim fails the peers at that call.
+TEST(MailboxModel, SecondPublishOfACallFailsEveryRank) {
+  MailboxModel model(2, 4, 8);
+  std::vector<uint16_t> src(4 * 8, 0x3f80), out(4 * 2 * 8);
+  model.publish(0, src.data(), 2);
+  model.publish(0, src.data(), 2);
+  EXPECT_EQ(sd::mailbox::record_kind(model.state_word(0, 2)), sd::mailbox::kDoublePublish);
+  model.publish(1, src.data(), 2);
+  try {
+    model.consume(1, out.data(), 2, kShort);
+    FAIL() << "rank 1 took rows of a twice-published call";
+  } catch (const MailboxFailed& e) {
+    EXPECT_EQ(e.kind, sd::mailbox::kPeerFailed);
+    EXPECT_EQ(e.source, 0);
+  }
+  EXPECT_THROW(model.consume(0, out.data(), 2, kShort), MailboxFailed);
+}
+
+// A failure on one rank reaches its peers at their next call through its
+// claim (they fail by name instead of waiting for the timeout), and no rank
+// ever returns rows again.
+TEST(MailboxModel, FailureReachesPeersThroughTheClaim) {
+  MailboxModel model(2, 4, 8);
+  std::vector<uint16_t> src(4 * 8, 0x3f80), out(4 * 2 * 8);
+  for (int r = 0; r < 2; ++r) model.publish(r, src.data(), 1);
+  for (int r = 0; r < 2; ++r) model.consume(r, out.data(), 1, kShort);
+  // Call 1: rank 1 skips its publish.
+  model.publish(0, src.data(), 1);
+  EXPECT_THROW(model.consume(1, out.data(), 1, kShort), sd::reference::MailboxNoPublish);
+  model.publish(1, src.data(), 1);  // rank 1's next call: it claims failure
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    model.consume(0, out.data(), 1, kShort);
+    FAIL() << "rank 0 returned rows";
+  } catch (const MailboxFailed& e) {
+    EXPECT_EQ(e.kind, sd::mailbox::kPeerFailed);
+    EXPECT_EQ(e.source, 1);
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, kShort);
+  for (int r = 0; r < 2; ++r) EXPECT_THROW(model.consume(r, out.data(), 1, kShort), MailboxFailed);
+}
+
+// The call counter wraps at 65535 calls (a multiple of 3: the stages rotate
+// on across the wrap) and every call still returns its own rows.
+TEST(MailboxModel, CallCounterWraps) {
+  MailboxModel model(1, 1, 8);
+  std::vector<uint16_t> src(8), out(8);
+  for (int k = 0; k < 65540; ++k) {
+    for (int i = 0; i < 8; ++i) src[i] = uint16_t(0x3000 + (k * 8 + i) % 0x4000);
+    model.publish(0, src.data(), 1);
+    model.consume(0, out.data(), 1, kShort);
+    ASSERT_EQ(out, src) << "call " << k;
+    ASSERT_EQ(model.state_word(0, 0), (uint32_t((k + 1) % 65535) << 16) | 1u) << "call " << k;
+  }
+}
+
+}  // namespace

@@ -28,7 +28,8 @@ inline MailboxRegions regions_of(const LamportMailbox& mb) {
   const char* base = static_cast<const char*>(mb.memory().local());
   const size_t data = reinterpret_cast<const char*>(mb.view().local) - base;
   const size_t state = reinterpret_cast<const char*>(mb.view().state) - base;
-  return {data, data + size_t(3) * mb.tp() * mb.capacity() * mb.width() * 2, state,
+  // The data, then the claims: uint32 [3 stages][tp][2].
+  return {data, data + size_t(3) * mb.tp() * mb.capacity() * mb.width() * 2 + size_t(3) * mb.tp() * 2 * 4, state,
           state + mailbox::kStateWords * sizeof(int32_t)};
 }
 

@@ -6,8 +6,10 @@
 // Expected values never come from the code under test: payloads are a pure
 // function of (seed, call, source, row, col) (src/reference/mailbox_payload.h),
 // -0.0 must arrive as +0.0, call k of a fresh mailbox runs on stage k % 3,
-// its layout is [3][tp][capacity][width] and its state words are
-// NEXT = ((k + 1) % 3) << 16 | b_k and ACTIVE = (k % 3) << 16 | b_{k-1}.
+// its layout is [3][tp][capacity][width] followed by the claims
+// [3][tp][2] (call k's on stage k % 3: k << 16 | b_k and k << 16 | tag 0), and
+// its state words are NEXT = (k + 1) << 16 | b_k and ACTIVE = k << 16 |
+// b_{k-1} (the call counter, modulo 65535).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -101,8 +103,15 @@ inline void check_copy(const LamportMailbox& mb, int64_t k, int b, int b_prev) {
         }
   uint32_t state[3];
   std::memcpy(state, raw.data() + state_begin, sizeof state);
-  const uint32_t next = (uint32_t((k + 1) % 3) << 16) | uint32_t(b);
-  const uint32_t active = (uint32_t(k % 3) << 16) | uint32_t(b_prev);
+  const auto* claims = reinterpret_cast<const uint32_t*>(raw.data() + data_begin + size_t(3) * tp * cap * width * 2);
+  for (int q = 0; q < tp; ++q) {
+    const uint32_t* c = claims + (size_t(k % 3) * tp + q) * 2;
+    const uint32_t want_rows = (uint32_t(k % 65535) << 16) | uint32_t(b), want_tag = uint32_t(k % 65535) << 16;
+    MB_REQUIRE(c[0] == want_rows && c[1] == want_tag, "call ", k, ": source ", q, "'s claim 0x", std::hex, c[0],
+               " 0x", c[1], ", want 0x", want_rows, " 0x", want_tag);
+  }
+  const uint32_t next = (uint32_t((k + 1) % 65535) << 16) | uint32_t(b);
+  const uint32_t active = (uint32_t(k % 65535) << 16) | uint32_t(b_prev);
   MB_REQUIRE(state[0] == next && state[1] == active && state[2] == 0, "call ", k, ": state NEXT 0x", std::hex,
              state[0], " ACTIVE 0x", state[1], " STATUS 0x", state[2], ", want 0x", next, " 0x", active, " 0");
 }
@@ -183,7 +192,7 @@ inline void many_calls_random_rows(Group& group, int device, int width, int call
   MB_REQUIRE(guards.empty(), guards);
   int32_t state[2];
   CUDA_CHECK(cudaMemcpy(state, mb.view().state, 8, cudaMemcpyDeviceToHost));
-  const uint32_t next = (uint32_t(calls % 3) << 16) | uint32_t(rows[calls - 1]);
+  const uint32_t next = (uint32_t(calls % 65535) << 16) | uint32_t(rows[calls - 1]);
   MB_REQUIRE(uint32_t(state[0]) == next, "NEXT after ", calls, " calls: 0x", std::hex, state[0],
              " want 0x", next);
   mb.barrier();
@@ -242,7 +251,7 @@ inline void graph_replays(Group& group, int device, int width, int per_graph, in
   int32_t state[2];
   CUDA_CHECK(cudaMemcpy(state, mb.view().state, 8, cudaMemcpyDeviceToHost));
   const int64_t total = 1 + int64_t(replays) * per_graph;  // warm-up included
-  const uint32_t next = (uint32_t(total % 3) << 16) | uint32_t(rows[per_graph - 1]);
+  const uint32_t next = (uint32_t(total % 65535) << 16) | uint32_t(rows[per_graph - 1]);
   MB_REQUIRE(uint32_t(state[0]) == next, "NEXT after ", total, " calls: 0x", std::hex, state[0],
              " want 0x", next);
   mb.barrier();
@@ -403,11 +412,9 @@ inline void expect_timeout_outcome(const TimeoutOutcome& o, double timeout_s, in
 }
 
 // Ranks that disagree on b (a caller's bug): rank 0 runs b = 2, the others
-// b = 4. Every rank must end in the named spin timeout within a few timeouts,
-// never a hang: ranks 1.. wait for rows 2, 3 that rank 0 never publishes,
-// and rank 0, whose first call finds the rows it reads, then waits for the
-// peers' next publish, which they never make once they have failed.
-// Returns this rank's error.
+// b = 4. Every rank must end at once (well within the timeout) in the named
+// protocol error, from the claims: rank 0's names a peer's b = 4, every
+// other rank's rank 0's b = 2. Returns this rank's error.
 inline std::string ranks_disagree_on_b(Group& group, int device, double timeout_s) {
   const int rank = group.rank(), tp = group.size(), rank_for_errors = rank;
   const int cap = 16, width = 256;
@@ -418,27 +425,94 @@ inline std::string ranks_disagree_on_b(Group& group, int device, double timeout_
   GuardedBuffer src(cap * width * 2), out(size_t(cap) * tp * width * 2);
   good_calls_first(group, mb, src, out, 3, stream);
   std::string error;
+  out.fill(0x11);
   const auto start = std::chrono::steady_clock::now();
+  const int b = rank == 0 ? 2 : 4;
   try {
-    for (int call = 0; call < 3; ++call) {
-      const int b = rank == 0 ? 2 : 4;
-      mb.publish(src.get(), b, stream);
-      mb.gather(out.get(), b, stream);
-      mb.synchronize(stream);
-    }
+    mb.publish(src.get(), b, stream);
+    mb.gather(out.get(), b, stream);
+    mb.synchronize(stream);
   } catch (const RuntimeError& e) {
     error = e.what();
   }
   const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  MB_REQUIRE(!error.empty(), "three calls with b differing across ranks ended without an error");
-  MB_REQUIRE(error.find("spin timeout on rank " + std::to_string(rank)) != std::string::npos &&
-                 error.find("destroy this mailbox") != std::string::npos,
-             "'", error, "'");
-  if (rank > 0)
-    MB_REQUIRE(error.find("source 0, row ") != std::string::npos, "the error must name rank 0's rows: '", error,
-               "'");
-  MB_REQUIRE(waited < 3 * timeout_s + 5.0, "the error took ", waited, " s (timeout ", timeout_s, ")");
+  MB_REQUIRE(!error.empty(), "a call with b differing across ranks ended without an error");
+  const std::string want = rank == 0 ? "published stage 0 with b = 4" : "rank 0 published stage 0 with b = 2";
+  MB_REQUIRE(error.find("protocol error on rank " + std::to_string(rank)) != std::string::npos &&
+                 error.find(want) != std::string::npos && error.find("destroy this mailbox") != std::string::npos,
+             "'", error, "' (want '", want, "')");
+  MB_REQUIRE(waited < timeout_s / 2, "the error took ", waited, " s (timeout ", timeout_s, ")");
+  // Nothing of the call came out: every row the consumer had to make is poison.
+  std::vector<uint16_t> host_out(size_t(cap) * tp * width);
+  out.download(host_out.data(), out.bytes());
+  for (size_t i = 0; i < host_out.size(); ++i)
+    MB_REQUIRE(host_out[i] == (i < size_t(b) * tp * width ? 0xffff : 0x1111), "output element ", i, " = 0x",
+               std::hex, host_out[i]);
+  // The mailbox stays failed: the next call is refused on the host.
+  bool refused = false;
+  try {
+    mb.publish(src.get(), b, stream);
+  } catch (const RuntimeError&) {
+    refused = true;
+  }
+  MB_REQUIRE(refused, "a publish after the failure was not refused");
   group.barrier();  // no peer still writes into this rank's copy
+  return error;
+}
+
+// A second publish of one call (its stores may replace rows a peer already
+// took): the publishing rank's next host check names it, and every peer
+// fails at that call through rank 0's claim, at once, with poison where rank
+// 0's rows would be. Rank 0 publishes twice before the peers start the call,
+// so that no peer can take the first publish's claim.
+inline std::string second_publish_fails_every_rank(Group& group, int device, double timeout_s) {
+  const int rank = group.rank(), tp = group.size(), rank_for_errors = rank;
+  const int cap = 16, width = 256;
+  LamportMailbox::Options options;
+  options.spin_timeout_s = timeout_s;
+  LamportMailbox mb(group, tp, rank, cap, width, device, options);
+  Stream stream;
+  GuardedBuffer src(cap * width * 2), out(size_t(cap) * tp * width * 2);
+  good_calls_first(group, mb, src, out, 3, stream);
+  out.fill(0x11);
+  std::string error;
+  double waited = 0;
+  if (rank == 0) {
+    try {
+      mb.publish(src.get(), 3, stream);
+      mb.publish(src.get(), 3, stream);
+      mb.synchronize(stream);
+    } catch (const RuntimeError& e) {
+      error = e.what();
+    }
+    group.barrier();
+  } else {
+    group.barrier();
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      mb.publish(src.get(), 3, stream);
+      mb.gather(out.get(), 3, stream);
+      mb.synchronize(stream);
+    } catch (const RuntimeError& e) {
+      error = e.what();
+    }
+    waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  const std::string want = rank == 0 ? "was published twice" : "rank 0's mailbox had failed";
+  MB_REQUIRE(error.find(want) != std::string::npos, "'", error, "' (want '", want, "')");
+  MB_REQUIRE(waited < timeout_s / 2, "the error took ", waited, " s (timeout ", timeout_s, ")");
+  std::vector<uint16_t> host_out(size_t(cap) * tp * width);
+  out.download(host_out.data(), out.bytes());
+  // A peer's columns of rank 0 are poison (the other sources' claims
+  // matched: their rows, zeros here, may have been taken before the failure
+  // was seen). Rank 0 ran no consumer.
+  for (int row = 0; row < cap; ++row)
+    for (int c = 0; c < tp * width; ++c) {
+      const uint16_t got = host_out[size_t(row) * tp * width + c];
+      const bool ok = rank == 0 || row >= 3 ? got == 0x1111 : c / width == 0 ? got == 0xffff : got == 0xffff || got == 0;
+      MB_REQUIRE(ok, "output row ", row, " col ", c, " = 0x", std::hex, got);
+    }
+  group.barrier();
   return error;
 }
 

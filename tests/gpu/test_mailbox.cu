@@ -67,7 +67,7 @@ TEST(Mailbox, RefusesBadArgumentsBeforeLaunching) {
     int32_t state[3];
     CUDA_CHECK(cudaMemcpy(state, mb.view().state, sizeof state, cudaMemcpyDeviceToHost));
     EXPECT_EQ(state[0], 0);
-    EXPECT_EQ(state[1], 0);
+    EXPECT_EQ(uint32_t(state[1]), sd::mailbox::kNeverPublished);
     EXPECT_EQ(state[2], 0);
     const auto regions = sd::testing::regions_of(mb);
     std::vector<uint16_t> data((regions.data_end - regions.data_begin) / 2);
@@ -188,13 +188,28 @@ TEST(Mailbox, SkippedCallIsSurvivedTp2Tp4OnOneGpu) {
   }
 }
 
-TEST(Mailbox, RanksDisagreeingOnBEndInTheNamedTimeoutTp2OnOneGpu) {
+// A b differing across ranks, and a second publish of one call: every rank
+// fails at once by name (the claims), at tp 2 and 4 sharing one GPU.
+TEST(Mailbox, RanksDisagreeingOnBFailAtOnceByNameTp2Tp4OnOneGpu) {
   SKIP_WITHOUT_GPU(1);
-  std::vector<std::string> errors(2);
-  const auto failures = run_on_gpus(
-      2, [&](sd::Group& g, int r) { errors[g.rank()] = ranks_disagree_on_b(g, r, 0.5); }, 1);
-  for (const auto& f : failures) ADD_FAILURE() << f;
-  for (int r = 0; r < 2; ++r) std::printf("b differing across ranks, rank %d: %s\n", r, errors[r].c_str());
+  for (const int tp : {2, 4}) {
+    std::vector<std::string> errors(tp);
+    const auto failures = run_on_gpus(
+        tp, [&](sd::Group& g, int r) { errors[g.rank()] = ranks_disagree_on_b(g, r, 2.0); }, 1);
+    for (const auto& f : failures) ADD_FAILURE() << "tp " << tp << ": " << f;
+    for (int r = 0; r < tp; ++r) std::printf("tp %d, b differing across ranks, rank %d: %s\n", tp, r, errors[r].c_str());
+  }
+}
+
+TEST(Mailbox, SecondPublishFailsEveryRankTp2Tp4OnOneGpu) {
+  SKIP_WITHOUT_GPU(1);
+  for (const int tp : {2, 4}) {
+    std::vector<std::string> errors(tp);
+    const auto failures = run_on_gpus(
+        tp, [&](sd::Group& g, int r) { errors[g.rank()] = second_publish_fails_every_rank(g, r, 2.0); }, 1);
+    for (const auto& f : failures) ADD_FAILURE() << "tp " << tp << ": " << f;
+    for (int r = 0; r < tp; ++r) std::printf("tp %d, second publish, rank %d: %s\n", tp, r, errors[r].c_str());
+  }
 }
 
 TEST(Mailbox, GatherWithoutPublishIsSurvived) {

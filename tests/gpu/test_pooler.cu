@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -433,6 +434,65 @@ TEST(Pooler, SoakHundredThousandCallsTp2OnOneGpu) {
     ADD_FAILURE() << f;
 }
 
+// A rank calling another layer (a caller's bug): the layer is the call's
+// tag in the mailbox, so every rank fails at once by name, with its outputs
+// poisoned, instead of norming a peer's projection of another layer. Tp 2
+// and 4 as ranks sharing one GPU.
+TEST(Pooler, RanksOnDifferentLayersFailByNameTp2Tp4OnOneGpu) {
+  SKIP_WITHOUT_GPU(1);
+  const uint64_t seed = test_seed("pooler ranks on different layers");
+  for (const int tp : {2, 4}) {
+    std::vector<std::string> errors(tp);
+    for (const auto& f : run_on_gpus(
+             tp,
+             [&](sd::Group& g, int d) {
+               const int rank = g.rank(), H = sd::kMuseSpark.hidden, pooled = 512, b = 4;
+               RandomLayers rl(3, tp, rank, pooled, d, seed,
+                               [](int) -> std::optional<sd::OutputFormat> { return sd::OutputFormat::bf16; });
+               sd::PoolerOptions options;
+               options.spin_timeout_s = 2.0;
+               sd::Pooler pooler(g, tp, rank, d, rl.layers, {b}, b, true, options);
+               TestStream stream;
+               pooler.warm_up(stream);
+               DeviceBuffer x(size_t(b) * H * 2), out(size_t(b) * pooled * 2);
+               const auto xs = normal_bf16(size_t(b) * H, seed + 1);
+               x.upload(xs.data(), xs.size() * 2);
+               const auto x_ref = sd::TensorRef::contiguous(x.get(), sd::DType::bf16, {b, H}, d);
+               const auto into = sd::pooler_output_in(sd::OutputFormat::bf16, b, pooled, out.get(), nullptr, nullptr, d);
+               pooler.run(1, x_ref, into, stream);  // a good call first
+               pooler.mailbox().synchronize(stream);
+               g.barrier();
+               CUDA_CHECK(cudaMemset(out.get(), 0x11, out.bytes()));
+               const int mine = rank == tp - 1 ? 2 : 1;
+               const auto start = std::chrono::steady_clock::now();
+               try {
+                 pooler.run(mine, x_ref, into, stream);
+                 pooler.mailbox().synchronize(stream);
+               } catch (const sd::RuntimeError& e) {
+                 errors[rank] = e.what();
+               }
+               const double waited =
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+               // The warm-up's calls fix the stage: the text names rank, tag and "protocol error".
+               const std::string want = rank == tp - 1 ? "with tag 1" : "with tag 2";
+               if (errors[rank].find("protocol error on rank " + std::to_string(rank)) == std::string::npos)
+                 throw std::runtime_error("rank " + std::to_string(rank) + ": '" + errors[rank] + "'");
+               if (errors[rank].find(want) == std::string::npos)
+                 throw std::runtime_error("rank " + std::to_string(rank) + ": '" + errors[rank] + "', want '" + want + "'");
+               if (waited > 1.0) throw std::runtime_error("the error took " + std::to_string(waited) + " s");
+               const auto got = download<uint16_t>(out.get(), size_t(b) * pooled);
+               for (size_t i = 0; i < got.size(); ++i)
+                 if (got[i] != 0xffff)
+                   throw std::runtime_error("rank " + std::to_string(rank) + ": normed element " + std::to_string(i) +
+                                            " is not the poison");
+               g.barrier();
+             },
+             1))
+      ADD_FAILURE() << "tp " << tp << ": " << f;
+    for (int r = 0; r < tp; ++r) std::printf("tp %d, ranks on different layers, rank %d: %s\n", tp, r, errors[r].c_str());
+  }
+}
+
 TEST(Pooler, SixtyTwoLayersSmallShapeTwoGpus) {
   const std::string why = peer_gpus_unavailable_reason(2);
   if (!why.empty()) GTEST_SKIP() << why;
@@ -543,12 +603,12 @@ TEST(Pooler, FormatAndOutputMisuseIsRefusedWithTheReason) {
   EXPECT_NE(reason([&] { pooler.run(0, xv, n, nullptr); }).find("output normed"), std::string::npos);
   n.normed = sd::TensorRef::contiguous(x.get(), sd::DType::bf16, {b, P}, 0);  // x itself
   EXPECT_NE(reason([&] { pooler.run(0, xv, n, nullptr); }).find("output normed overlaps x"), std::string::npos);
-  // Nothing ran: the stage words are still zero.
+  // Nothing ran: the stage words are still the initial ones.
   CUDA_CHECK(cudaDeviceSynchronize());
-  int32_t state[2] = {-1, -1};
+  int32_t state[2] = {-1, 0};
   CUDA_CHECK(cudaMemcpy(state, pooler.mailbox().view().state, 8, cudaMemcpyDeviceToHost));
   EXPECT_EQ(state[0], 0);
-  EXPECT_EQ(state[1], 0);
+  EXPECT_EQ(uint32_t(state[1]), 0xffffffffu);  // ACTIVE: never published
   // And the good calls work.
   n.normed = sd::TensorRef::contiguous(normed.get(), sd::DType::bf16, {b, P}, 0);
   pooler.warm_up(nullptr);

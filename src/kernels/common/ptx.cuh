@@ -124,6 +124,14 @@ __device__ __forceinline__ uint4 ld_volatile_v4(const void* ptr) {
   return v;
 }
 
+// 8 bytes, each 4-byte word single-copy atomic at system scope (a mailbox
+// claim: each of its two words names the call on its own).
+__device__ __forceinline__ uint2 ld_volatile_v2(const void* ptr) {
+  uint2 v;
+  asm volatile("ld.volatile.global.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(ptr) : "memory");
+  return v;
+}
+
 // Compare-and-swap, relaxed, system scope: returns the old value.
 __device__ __forceinline__ uint32_t cas_relaxed_sys_u32(uint32_t* ptr, uint32_t expected, uint32_t desired) {
   uint32_t old;
@@ -144,6 +152,12 @@ __device__ __forceinline__ void st_volatile_v4(void* ptr, uint4 v) {
   asm volatile("st.volatile.global.v4.u32 [%0], {%1,%2,%3,%4};" ::"l"(ptr), "r"(v.x),
                "r"(v.y), "r"(v.z), "r"(v.w)
                : "memory");
+}
+
+// 8 bytes to (possibly peer) global memory, each word written once (a
+// mailbox claim: the reader checks each word on its own).
+__device__ __forceinline__ void st_volatile_v2(void* ptr, uint2 v) {
+  asm volatile("st.volatile.global.v2.u32 [%0], {%1,%2};" ::"l"(ptr), "r"(v.x), "r"(v.y) : "memory");
 }
 
 // 4 bytes (two BF16 lanes) to (possibly peer) global memory: the size of

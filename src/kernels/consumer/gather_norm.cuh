@@ -107,15 +107,19 @@ __global__ void gather_norm_kernel(const GatherNormArgs a) {
     }
   }
   const float global_scale = FORMAT == kFormatBf16 ? 0.0f : *a.global_scale;
-  const uint32_t active = mailbox_dev::read_active(mb.state);
+  const uint4 state = mailbox_dev::read_state(mb.state);
+  const uint32_t active = state.y;
+  // A failed mailbox (STATUS set) gives nothing but poison from now on.
+  bool failed = state.z != 0;
   SPARK_TRACE_MARK(0, active);  // ACTIVE has arrived
-  if (t == 0 && row == 0 && mailbox_dev::check_published(mb, active)) mailbox_dev::advance(mb.state, active, a.b);
+  if (t == 0 && row == 0 && !failed && mailbox_dev::check_published(mb, active))
+    mailbox_dev::advance(mb.state, active, a.b);
   const int stage = mailbox::word_stage(active);
   uint16_t* const local = mb.local;
 
-  bool failed = false;
   uint4 v[2];
-  mailbox_dev::take_vecs(local + layout.offset(stage, source, row, col), mb, stage, source, row, v, failed);
+  mailbox_dev::take_vecs(local + layout.offset(stage, source, row, col), mb, mailbox_dev::expect(active, a.b), stage,
+                         source, row, v, failed);
   SPARK_TRACE_MARK(1, v[1].w);  // this thread's data has arrived
   if (!a.launch_next_early) ptx::griddep_launch_dependents();
   // Read after inv_rms's __syncthreads.

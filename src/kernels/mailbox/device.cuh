@@ -82,21 +82,49 @@ __device__ __forceinline__ uint32_t read_next(const int32_t* state) {
 __device__ __forceinline__ void set_active(int32_t* state, uint32_t next_word) {
   ptx::st_relaxed_sys_u32(reinterpret_cast<uint32_t*>(state) + mailbox::kActiveWord, next_word);
 }
-// Consumer: the stage this call reads and the rows of the call before
-// (after griddepcontrol.wait).
-__device__ __forceinline__ uint32_t read_active(const int32_t* state) {
-  return ptx::ld_relaxed_sys_u32(reinterpret_cast<const uint32_t*>(state) + mailbox::kActiveWord);
-}
 // Consumer: the mailbox's failure status (0: healthy), read after the wait.
 __device__ __forceinline__ uint32_t read_status(const int32_t* state) {
   return ptx::ld_relaxed_sys_u32(reinterpret_cast<const uint32_t*>(state) + mailbox::kStatusWord);
 }
+// NEXT, ACTIVE and STATUS in one load (x, y, z; each word single-copy
+// atomic; the state is 16-byte aligned with a fourth, unused word), after
+// the wait: a consumer's ACTIVE and STATUS, a publishing leader's NEXT,
+// ACTIVE and STATUS, at the cost of one L2 round trip.
+__device__ __forceinline__ uint4 read_state(const int32_t* state) { return ptx::ld_volatile_v4(state); }
 
 // Consumer: NEXT = the following stage and this call's rows. Idempotent;
 // one thread of the grid calls it.
 __device__ __forceinline__ void advance(int32_t* state, uint32_t active_word, int rows) {
   ptx::st_relaxed_sys_u32(reinterpret_cast<uint32_t*>(state) + mailbox::kNextWord,
-                          mailbox::advance_word(mailbox::word_stage(active_word), rows));
+                          mailbox::advance_word(active_word, rows));
+}
+
+// ---- failures ------------------------------------------------------------------
+
+// A consumer or publishing leader giving up (a spin timeout, a consume with
+// no publish, a claim that differs, a second publish). The
+// first to give up (a compare-and-swap on STATUS: one report, not one per
+// thread) writes its record to host-mapped memory, from which the host names
+// the failure even after a trap, and prints it; STATUS makes the other
+// consumers stop waiting (wait_for_call). Then it traps
+// (MailboxView::trap_on_failure) or returns, and the caller poisons what it
+// could not compute. Out of line, and given scalars rather than the view:
+// taking the address of a kernel parameter would make the compiler copy the
+// whole parameter block to local memory at every kernel's start.
+__device__ __noinline__ inline void record_failure(int32_t* state, uint32_t* host_record, int trap, uint32_t record,
+                                                   const char* what) {
+  uint32_t* const status = reinterpret_cast<uint32_t*>(state) + mailbox::kStatusWord;
+  if (ptx::cas_relaxed_sys_u32(status, 0u, record) == 0u) {
+    if (host_record != nullptr) ptx::st_relaxed_sys_u32(host_record, record);
+    ptx::fence_acq_rel_sys();  // the record reaches host memory before a trap
+    printf("spark-decode mailbox: rank %d: %s (stage %d, source %d, row %d); %s\n", mailbox::record_rank(record),
+           what, mailbox::record_stage(record), mailbox::record_source(record), mailbox::record_row(record),
+           trap ? "trapping" : "outputs poisoned, the host's next check raises");
+  }
+  if (trap) __trap();
+}
+__device__ __forceinline__ void record_failure(const MailboxView& mb, uint32_t record, const char* what) {
+  record_failure(mb.state, mb.timeout_record, mb.trap_on_failure, record, what);
 }
 
 // ---- publishing ----------------------------------------------------------------
@@ -104,42 +132,21 @@ __device__ __forceinline__ void advance(int32_t* state, uint32_t active_word, in
 // Where a GEMM engine's epilogue publishes its output (docs/design.md,
 // "Zero-copy publish and the ticket stage"). It stores exactly what the
 // mailbox's publisher would: the same lanes (-0.0 as +0.0) into this rank's
-// slot of every copy, at the stage NEXT names, and ACTIVE = NEXT; with a
-// ticket, at the ticket's stage and no stage word.
+// slot of every copy, at the stage NEXT names, ACTIVE = NEXT and the claim
+// of `rows` rows and the view's tag; with a ticket, at the ticket's call and
+// no stage word.
 struct Publish {
   enum Mode : int { kNone = 0, kStageWord = 1, kTicket = 2 };
   int mode = kNone;
-  int32_t* ticket = nullptr;  // kTicket: int32 [1], the stage in its upper 16 bits
+  int32_t* ticket = nullptr;  // kTicket: int32 [1], a call counter in its upper 16 bits
+  int rows = 0;               // the rows this call publishes (the GEMM's m)
   MailboxView mailbox;
 
   static Publish none() { return Publish{}; }
-  static Publish into(const MailboxView& mb, int32_t* ticket = nullptr) {
-    return Publish{ticket ? kTicket : kStageWord, ticket, mb};
+  static Publish into(const MailboxView& mb, int32_t* ticket, int rows) {
+    return Publish{ticket ? kTicket : kStageWord, ticket, rows, mb};
   }
 };
-
-// The stage a publishing kernel writes; call after griddepcontrol.wait
-// (ordering 1: the previous consumer's NEXT and clears are then visible).
-// `write_active`: this thread also sets ACTIVE (its reader, the consumer,
-// runs in a later grid). Let one thread of the grid write it: a store from
-// every CTA to the one word, mixed with every CTA's load of NEXT beside it,
-// serialises in its L2 slice (measured with the skinny GEMM's 1024 CTAs:
-// docs/perf/mailbox.md). A ticket naming no stage traps: it would send the stores
-// outside every copy's slots.
-__device__ __forceinline__ uint32_t publish_stage(const Publish& p, bool write_active) {
-  if (p.mode == Publish::kStageWord) {
-    const uint32_t next = read_next(p.mailbox.state);
-    if (write_active) set_active(p.mailbox.state, next);
-    return mailbox::word_stage(next);
-  }
-  const uint32_t stage =
-      mailbox::word_stage(ptx::ld_relaxed_sys_u32(reinterpret_cast<const uint32_t*>(p.ticket)));
-  if (stage >= static_cast<uint32_t>(mailbox::kStages)) {
-    printf("spark-decode: ticket stage %u is not a mailbox stage; trapping\n", stage);
-    __trap();
-  }
-  return stage;
-}
 
 // A 16-byte vector as it is published: -0.0 lanes become +0.0.
 __device__ __forceinline__ uint4 publish_vec(uint4 v) {
@@ -189,32 +196,57 @@ __device__ __forceinline__ void store_pair_to_all(const MailboxView& mb, int64_t
   for_each_copy_peers_first(mb, [&](uint16_t* copy) { ptx::st_volatile_u32(copy + offset, v); });
 }
 
-// ---- consuming -------------------------------------------------------------------
+// The leader's claim of its call into [stage][rank] of every copy (the
+// claims follow the data: protocol.h). Peers first, as the data.
+__device__ __forceinline__ void store_claims(const MailboxView& mb, int stage, uint32_t call, int rows) {
+  const mailbox::Layout layout{mb.tp, mb.capacity, mb.width};
+  const int64_t at = layout.claims_byte_offset() + 4 * int64_t(layout.claim_index(stage, mb.rank));
+  const uint2 claim = make_uint2(mailbox::claim_rows_word(call, rows), mailbox::claim_tag_word(call, mb.tag));
+  for_each_copy_peers_first(mb, [&](uint16_t* copy) { ptx::st_volatile_v2(reinterpret_cast<char*>(copy) + at, claim); });
+}
 
-// A consumer giving up (a spin timeout, a consume with no publish). The
-// first to give up (a compare-and-swap on STATUS: one report, not one per
-// thread) writes its record to host-mapped memory, from which the host names
-// the failure even after a trap, and prints it; STATUS makes the other
-// consumers stop waiting (spin_vec). Then it traps
-// (MailboxView::trap_on_failure) or returns, and the caller poisons what it
-// could not compute. Out of line, and given scalars rather than the view:
-// taking the address of a kernel parameter would make the compiler copy the
-// whole parameter block to local memory at every kernel's start.
-__device__ __noinline__ inline void record_failure(int32_t* state, uint32_t* host_record, int trap, uint32_t record,
-                                                   const char* what) {
-  uint32_t* const status = reinterpret_cast<uint32_t*>(state) + mailbox::kStatusWord;
-  if (ptx::cas_relaxed_sys_u32(status, 0u, record) == 0u) {
-    if (host_record != nullptr) ptx::st_relaxed_sys_u32(host_record, record);
-    ptx::fence_acq_rel_sys();  // the record reaches host memory before a trap
-    printf("spark-decode mailbox: rank %d: %s (stage %d, source %d, row %d); %s\n", mailbox::record_rank(record),
-           what, mailbox::record_stage(record), mailbox::record_source(record), mailbox::record_row(record),
-           trap ? "trapping" : "outputs poisoned, the host's next check raises");
+// The stage a publishing kernel writes; call after griddepcontrol.wait
+// (ordering 1: the previous consumer's NEXT and clears are then visible).
+// `leader`: this thread also sets ACTIVE (its reader, the consumer, runs in
+// a later grid) and stores the call's claim into every copy. Let one thread
+// of the grid be the leader: a store from every CTA to the one word, mixed
+// with every CTA's load of NEXT beside it, serialises in its L2 slice
+// (measured with the skinny GEMM's 1024 CTAs: docs/perf/mailbox.md). The
+// leader claims failure (kFailedRows) when this rank's mailbox has failed
+// or the call was published already (ACTIVE == NEXT: a second publish,
+// whose stores may have replaced rows a peer took): every peer then fails at
+// this call instead of taking its rows. A ticket naming no call traps: it
+// would send the stores outside every copy's slots.
+__device__ __forceinline__ int lead_publish(const MailboxView& mb, int rows) {
+  const uint4 state = read_state(mb.state);  // NEXT, ACTIVE, STATUS
+  bool failed = state.z != 0;
+  if (state.y == state.x) {
+    record_failure(mb.state, mb.timeout_record, mb.trap_on_failure,
+                   mailbox::make_record(mailbox::kDoublePublish, mb.rank, mailbox::word_stage(state.x), mb.rank, 0),
+                   "published twice with no consume in between");
+    failed = true;
   }
-  if (trap) __trap();
+  set_active(mb.state, state.x);
+  const int stage = mailbox::word_stage(state.x);
+  store_claims(mb, stage, mailbox::word_call(state.x), failed ? mailbox::kFailedRows : rows);
+  return stage;
 }
-__device__ __forceinline__ void record_failure(const MailboxView& mb, uint32_t record, const char* what) {
-  record_failure(mb.state, mb.timeout_record, mb.trap_on_failure, record, what);
+
+__device__ __forceinline__ int publish_stage(const Publish& p, bool leader) {
+  const MailboxView& mb = p.mailbox;
+  if (p.mode == Publish::kStageWord)
+    return leader ? lead_publish(mb, p.rows) : mailbox::word_stage(read_next(mb.state));
+  const uint32_t call = mailbox::word_call(ptx::ld_relaxed_sys_u32(reinterpret_cast<const uint32_t*>(p.ticket)));
+  if (call >= mailbox::kCallPeriod) {
+    printf("spark-decode: ticket call %u is not a mailbox call counter; trapping\n", call);
+    __trap();
+  }
+  const int stage = int(call % mailbox::kStages);
+  if (leader) store_claims(mb, stage, call, read_status(mb.state) != 0 ? mailbox::kFailedRows : p.rows);
+  return stage;
 }
+
+// ---- consuming -------------------------------------------------------------------
 
 // Consumer: ACTIVE must equal NEXT (the publisher of this call copied NEXT
 // into ACTIVE; the consumer of the last call advanced NEXT past it). A
@@ -237,18 +269,62 @@ __device__ __forceinline__ bool vec_has_sentinel(const uint4& v) {
 inline constexpr uint32_t kPoisonPair = 0xffffffffu;
 __device__ __forceinline__ uint4 poison_vec() { return make_uint4(kPoisonPair, kPoisonPair, kPoisonPair, kPoisonPair); }
 
-// Spins on the 16-byte vector at `ptr` (in this rank's own copy) until no
-// BF16 lane holds the sentinel and returns it. Gives up when STATUS shows
-// another consumer failed (read every kStatusPolls spins: one more L2 load
-// per spin would slow the common wait) or after mb.spin_timeout_ns
-// (record_failure): then sets `failed` and returns poison_vec().
+// What a consumer thread expects of the call it takes: the call ACTIVE
+// names and its own rows (the tag is the view's).
+struct Expect {
+  uint32_t call;
+  int rows;
+};
+__device__ __forceinline__ Expect expect(uint32_t active, int rows) { return Expect{mailbox::word_call(active), rows}; }
+
+// The claim of (stage, source) in this rank's own copy.
+__device__ __forceinline__ const uint32_t* claim_of(const MailboxView& mb, int stage, int source) {
+  const Layout layout = layout_of(mb);
+  return reinterpret_cast<const uint32_t*>(reinterpret_cast<const char*>(mb.local) + layout.claims_byte_offset()) +
+         layout.claim_index(stage, source);
+}
+
+__device__ __forceinline__ const char* claim_failure_text(int check) {
+  return check == mailbox::kClaimRowsDiffer ? "a peer published this call with other rows (b differs across ranks)"
+         : check == mailbox::kClaimTagDiffer
+             ? "a peer published this call with another tag (another layer: the ranks' calls differ)"
+             : "a peer's mailbox had failed, or it published this call twice";
+}
+
+// The wait of take_vecs once its first loads found a vector still holding
+// the sentinel or the claim not yet this call's: reloads what is missing
+// (the vectors and the claim together, so that the claim, stored before the
+// data, is seen in the round trip that brings the data) until everything
+// is there. Gives up when the claim differs from what this consumer expects
+// (record_failure), when STATUS shows another thread of the mailbox gave up
+// (read every kStatusPolls spins: one more L2 load per spin would slow the
+// common wait), or after mb.spin_timeout_ns (record_failure): then sets
+// `failed`.
 inline constexpr unsigned kStatusPolls = 256;
-__device__ __forceinline__ uint4 spin_vec(const uint16_t* ptr, const MailboxView& mb, int stage, int source,
-                                          int row, bool& failed) {
+template <int N>
+__device__ __forceinline__ void wait_for_call(const uint16_t* ptr, const uint32_t* claim_ptr, const MailboxView& mb,
+                                           Expect e, int stage, int source, int row, uint4 (&v)[N], uint2 claim,
+                                           bool& failed) {
   const uint64_t start = ptx::globaltimer_ns();
   for (unsigned spins = 1;; ++spins) {
-    const uint4 v = ptx::ld_volatile_v4(ptr);
-    if (!vec_has_sentinel(v)) return v;
+    const int check = mailbox::check_claim(claim.x, claim.y, e.call, e.rows, mb.tag);
+    if (check != mailbox::kClaimPending && check != mailbox::kClaimMatches) {
+      const int theirs = check == mailbox::kClaimRowsDiffer  ? mailbox::word_rows(claim.x)
+                         : check == mailbox::kClaimTagDiffer ? int(claim.y & mailbox::kMaxTag)
+                                                             : 0;
+      record_failure(mb, mailbox::make_record(mailbox::claim_record_kind(check), mb.rank, stage, source, theirs),
+                     claim_failure_text(check));
+      break;
+    }
+    bool missing = false;
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+      if (vec_has_sentinel(v[i])) {
+        v[i] = ptx::ld_volatile_v4(ptr + i * mailbox::kVecElems);
+        missing |= vec_has_sentinel(v[i]);
+      }
+    if (check == mailbox::kClaimPending) claim = ptx::ld_volatile_v2(claim_ptr);
+    if (!missing && mailbox::check_claim(claim.x, claim.y, e.call, e.rows, mb.tag) == mailbox::kClaimMatches) return;
     if (spins % kStatusPolls == 0 && read_status(mb.state) != 0) break;
     if (ptx::globaltimer_ns() - start > mb.spin_timeout_ns) {
       record_failure(mb, mailbox::make_timeout_record(mb.rank, stage, source, row),
@@ -257,24 +333,36 @@ __device__ __forceinline__ uint4 spin_vec(const uint16_t* ptr, const MailboxView
     }
   }
   failed = true;
-  return poison_vec();
 }
 
 // Consumer: takes the N 16-byte vectors at `ptr` + 8i (this rank's own copy,
-// one slot row): loads them all at once (their L2 round trips overlap),
-// spins on any that still holds the sentinel (spin_vec), then restores the
-// sentinel in every one it read (protocol.h: the reader clears what it
-// read). The clears come after every load: a store into the sector a later
-// load of the same thread reads would wait in front of that load.
+// one slot row of `source`) of the call `e`: loads them and the source's
+// claim all at once (their L2 round trips overlap), waits for what is
+// missing (wait_for_call), then restores the sentinel in every vector it
+// read (protocol.h: the reader clears what it read). The clears come after
+// every load: a store into the sector a later load of the same thread reads
+// would wait in front of that load. Nothing is taken once `failed` is set
+// (on entry: STATUS was set when the consumer started); then every vector
+// is poison_vec(), as it is when the wait gives up.
 template <int N>
-__device__ __forceinline__ void take_vecs(uint16_t* ptr, const MailboxView& mb, int stage, int source, int row,
-                                          uint4 (&v)[N], bool& failed) {
+__device__ __forceinline__ void take_vecs(uint16_t* ptr, const MailboxView& mb, Expect e, int stage, int source,
+                                          int row, uint4 (&v)[N], bool& failed) {
+  if (!failed) {
+    const uint32_t* const claim_ptr = claim_of(mb, stage, source);
+    const uint2 claim = ptx::ld_volatile_v2(claim_ptr);
 #pragma unroll
-  for (int i = 0; i < N; ++i) v[i] = ptx::ld_volatile_v4(ptr + i * mailbox::kVecElems);
+    for (int i = 0; i < N; ++i) v[i] = ptx::ld_volatile_v4(ptr + i * mailbox::kVecElems);
+    bool missing = false;
 #pragma unroll
-  for (int i = 0; i < N; ++i)
-    if (vec_has_sentinel(v[i])) v[i] = spin_vec(ptr + i * mailbox::kVecElems, mb, stage, source, row, failed);
-  if (failed) return;
+    for (int i = 0; i < N; ++i) missing |= vec_has_sentinel(v[i]);
+    if (missing || mailbox::check_claim(claim.x, claim.y, e.call, e.rows, mb.tag) != mailbox::kClaimMatches)
+      wait_for_call(ptr, claim_ptr, mb, e, stage, source, row, v, claim, failed);
+  }
+  if (failed) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] = poison_vec();
+    return;
+  }
   const uint4 sentinel = make_uint4(mailbox::kSentinelPair, mailbox::kSentinelPair, mailbox::kSentinelPair,
                                     mailbox::kSentinelPair);
 #pragma unroll

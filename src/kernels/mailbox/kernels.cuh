@@ -24,8 +24,9 @@ __global__ void mailbox_publish_kernel(const MailboxPublishArgs a) {
   SPARK_TRACE_WAITED();
   ptx::griddep_launch_dependents();
   const MailboxView& mb = a.mailbox;
-  const uint32_t next = mailbox_dev::read_next(mb.state);
-  if (threadIdx.x == 0 && blockIdx.x == 0) mailbox_dev::set_active(mb.state, next);
+  // The leader (one thread of the grid) also sets ACTIVE and the claim.
+  const int stage = threadIdx.x == 0 && blockIdx.x == 0 ? mailbox_dev::lead_publish(mb, a.b)
+                                                        : mailbox::word_stage(mailbox_dev::read_next(mb.state));
 
   const mailbox::Layout layout = mailbox_dev::layout_of(mb);
   const int vecs = layout.row_vecs();
@@ -33,7 +34,7 @@ __global__ void mailbox_publish_kernel(const MailboxPublishArgs a) {
   if (v >= a.b * vecs) return;
   const int row = v / vecs, col = (v % vecs) * mailbox::kVecElems;
   const uint4 data = mailbox_dev::publish_vec(ptx::ld_v4(a.src + int64_t(row) * layout.width + col));
-  mailbox_dev::store_to_all<mailbox_dev::OwnCopy::local>(mb, layout.offset(mailbox::word_stage(next), mb.rank, row, col),
+  mailbox_dev::store_to_all<mailbox_dev::OwnCopy::local>(mb, layout.offset(stage, mb.rank, row, col),
                                                           data);
 }
 
@@ -55,9 +56,12 @@ __global__ void mailbox_gather_kernel(const MailboxGatherArgs a) {
   ptx::griddep_wait();
   SPARK_TRACE_WAITED();
   const MailboxView& mb = a.mailbox;
-  const uint32_t active = mailbox_dev::read_active(mb.state);
+  const uint4 state = mailbox_dev::read_state(mb.state);
+  const uint32_t active = state.y;
+  // A failed mailbox (STATUS set) gives nothing but poison from now on.
+  bool failed = state.z != 0;
   SPARK_TRACE_MARK(0, active);  // ACTIVE has arrived
-  if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0 && mailbox_dev::check_published(mb, active))
+  if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0 && !failed && mailbox_dev::check_published(mb, active))
     mailbox_dev::advance(mb.state, active, a.b);
 
   const mailbox::Layout layout = mailbox_dev::layout_of(mb);
@@ -67,9 +71,9 @@ __global__ void mailbox_gather_kernel(const MailboxGatherArgs a) {
   if (fragment >= layout.tp * vecs) return;
   const int source = fragment / vecs, col = (fragment % vecs) * mailbox::kVecElems;
   const int stage = mailbox::word_stage(active);
-  bool failed = false;
   uint4 v[1];
-  mailbox_dev::take_vecs(mb.local + layout.offset(stage, source, row, col), mb, stage, source, row, v, failed);
+  mailbox_dev::take_vecs(mb.local + layout.offset(stage, source, row, col), mb, mailbox_dev::expect(active, a.b), stage,
+                         source, row, v, failed);
   ptx::st_v4(a.out + int64_t(row) * layout.tp * layout.width + int64_t(fragment) * mailbox::kVecElems, v[0]);
 }
 

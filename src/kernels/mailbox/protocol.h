@@ -7,37 +7,54 @@
 //
 // Memory of one rank (docs/design.md, "The Lamport mailbox protocol"):
 //   data   BF16 [kStages][tp sources][capacity rows][width]   (raw uint16 bits)
+//   claims uint32 [kStages][tp sources][kClaimWords], right after the data:
+//          what the publisher of a slot's current call claims (its call
+//          counter, its rows, its tag); written by that source's publisher,
+//          read (never cleared) by this rank's consumers.
 //   state  int32 [3] (read and written as uint32):
-//     state[kNextWord]   NEXT   = (next_stage << 16) | rows of the last call.
+//     state[kNextWord]   NEXT   = (call << 16) | rows of the last call, where
+//                        call counts this rank's consumes modulo kCallPeriod
+//                        and call % kStages is the stage the next call uses.
 //                        Written only by this rank's consumers, read by its
 //                        publishers.
-//     state[kActiveWord] ACTIVE = (active_stage << 16) | rows of the call
-//                        before the active one. Written only by this rank's
-//                        publishers (a copy of NEXT), read by its consumers.
-//                        (The rows are not needed by the protocol; they make
-//                        a state dump name the calls' b.)
+//     state[kActiveWord] ACTIVE = the NEXT word the last publish read (its
+//                        call). Written only by this rank's publishers, read
+//                        by its consumers (and by the publishers: a publish
+//                        that finds ACTIVE == NEXT is the call's second).
 //     state[kStatusWord] STATUS = 0 while the mailbox is healthy, else the
-//                        failure record (below) of a consumer that gave up.
-//                        Written only by failing consumers; polling
-//                        consumers read it now and then and, once it is set,
-//                        stop waiting and poison what they could not read.
-//   Initially NEXT = ACTIVE = STATUS = 0 and every data element holds the
-//   sentinel.
+//                        failure record (below) of a consumer or publisher
+//                        that gave up. Once it is set, this rank's consumers
+//                        poison what they have not read and its publishers
+//                        claim failure, so every peer fails at its next call.
+//   Initially NEXT = STATUS = 0, ACTIVE = kNeverPublished, every claim word
+//   kNoClaim, and every data element holds the sentinel.
 //
-// Call k with b rows (b the same on every rank) on rank q:
-//   publisher: after griddepcontrol.wait, read NEXT -> stage s. Store rows
-//     [0, b) of the source into slot [s][q] of EVERY rank's copy, this rank's
-//     own included, BF16 -0.0 stored as +0.0 (publish_bits). One thread of
-//     the grid writes ACTIVE = NEXT (idempotent, but stores from every CTA to
-//     one word serialise in L2).
-//   consumer: after griddepcontrol.wait, read ACTIVE -> stage s. One thread
-//     checks ACTIVE == NEXT (else no publish ran since the last consume: a
-//     failure, kNoPublish) and writes NEXT = advance_word(s, b). Every
-//     thread spins on its elements of its own copy's slots [s][*] rows
-//     [0, b) until no BF16 lane holds the sentinel (raw bits), restores the
-//     sentinel in them at once, and produces the output.
+// Call k (counter c) with b rows and tag g (b and g the same on every rank)
+// on rank q:
+//   publisher: after griddepcontrol.wait, read NEXT -> c, stage s = c % 3.
+//     Store rows [0, b) of the source into slot [s][q] of EVERY rank's copy,
+//     this rank's own included, BF16 -0.0 stored as +0.0 (publish_bits). One
+//     thread of the grid (the leader) writes ACTIVE = NEXT and the claim
+//     (c, b, g) into [s][q] of every copy; (c, kFailedRows, g) if STATUS is
+//     set or ACTIVE already equals NEXT (a second publish of the call).
+//   consumer: after griddepcontrol.wait, read ACTIVE -> c, s; with STATUS set
+//     it poisons everything at once. One thread checks ACTIVE == NEXT (else
+//     no publish ran since the last consume: a failure, kNoPublish) and
+//     writes NEXT = advance_word(ACTIVE, b). Every thread spins on its
+//     elements of its own copy's slots [s][*] rows [0, b) until no BF16 lane
+//     holds the sentinel, and on the claim of each source it read until the
+//     claim names call c; a claim of other rows, another tag or a failed
+//     peer is a failure (kRowsDiffer, kTagDiffer, kPeerFailed). Then it
+//     restores the sentinel in the data it read and produces the output.
 //
-// Why a consumer may clear what it just read:
+// Why claims carry the counter and are never cleared: many consumer threads
+// read each claim (every thread checks the claim of each source it takes
+// data from, so that no output is made from a call it has not matched), so
+// no one of them could clear it. A claim from an older call of the same
+// stage names another counter (c - 3j is c modulo kCallPeriod only for j a
+// multiple of 21845 calls), so it reads as "not yet written".
+//
+// Why a consumer may clear the data it just read:
 //   every element of a stage is written once per call and read by one
 //   consumer thread, which clears it after seeing it non-sentinel: the
 //   peer's store is then coherence-before the clear. The next store into
@@ -78,6 +95,8 @@ inline constexpr int kStatusWord = 2;
 inline constexpr int kStateWords = 3;
 // One 16-byte vector: the unit every kernel moves, polls and clears.
 inline constexpr int kVecElems = 8;
+// Words per claim (call << 16 | rows, call << 16 | tag: below).
+inline constexpr int kClaimWords = 2;
 
 // The per-rank data layout. width % kVecElems == 0 (checked on the host).
 struct Layout {
@@ -93,25 +112,65 @@ struct Layout {
   SPARK_MAILBOX_HD int64_t offset(int stage, int source, int row, int col) const {
     return (int64_t(stage) * tp + source) * slot_elems() + int64_t(row) * width + col;
   }
+  // The claims of one copy, uint32 [kStages][tp][kClaimWords], start right
+  // after its data (16-byte aligned: width % 8 == 0).
+  SPARK_MAILBOX_HD int claim_words() const { return kStages * tp * kClaimWords; }
+  SPARK_MAILBOX_HD int64_t claims_byte_offset() const { return copy_elems() * 2; }
+  SPARK_MAILBOX_HD int claim_index(int stage, int source) const { return (stage * tp + source) * kClaimWords; }
   // 16-byte vectors per row of one source; a gather row has tp times as many.
   SPARK_MAILBOX_HD int row_vecs() const { return width / kVecElems; }
 };
 
 // ---- stage words -----------------------------------------------------------
 
-SPARK_MAILBOX_HD uint32_t make_word(int stage, int rows) {
-  return (uint32_t(stage) << 16) | (uint32_t(rows) & 0xffffu);
+// The call counter's period: a multiple of kStages (3 x 21845), so that the
+// stage stays call % kStages across the wrap, and below 2^16.
+inline constexpr uint32_t kCallPeriod = 65535;
+// ACTIVE before the first publish: its call (65535) is never a counter, so
+// a consume before any publish fails as one with no publish.
+inline constexpr uint32_t kNeverPublished = 0xffffffffu;
+
+SPARK_MAILBOX_HD uint32_t make_word(uint32_t call, int rows) {
+  return (call << 16) | (uint32_t(rows) & 0xffffu);
 }
-SPARK_MAILBOX_HD int word_stage(uint32_t word) { return int(word >> 16); }
+SPARK_MAILBOX_HD uint32_t word_call(uint32_t word) { return word >> 16; }
+SPARK_MAILBOX_HD int word_stage(uint32_t word) { return int(word_call(word) % kStages); }
 SPARK_MAILBOX_HD int word_rows(uint32_t word) { return int(word & 0xffffu); }
 
-SPARK_MAILBOX_HD int next_stage(int stage) { return (stage + 1) % kStages; }
+SPARK_MAILBOX_HD uint32_t next_call(uint32_t call) { return (call + 1) % kCallPeriod; }
 
-// The NEXT word a consumer of a call on `stage` with `rows` rows leaves.
-SPARK_MAILBOX_HD uint32_t advance_word(int stage, int rows) {
-  return make_word(next_stage(stage), rows);
+// The NEXT word a consumer of the call `active` names, with `rows` rows,
+// leaves.
+SPARK_MAILBOX_HD uint32_t advance_word(uint32_t active, int rows) {
+  return make_word(next_call(word_call(active)), rows);
 }
 
+// ---- claims ------------------------------------------------------------------
+// Two words per (stage, source), each single-copy atomic on its own and
+// each naming the call, so that a consumer never pairs halves of two calls:
+// [0] = call << 16 | rows, [1] = call << 16 | tag (the caller's 16-bit tag:
+// the Pooler's layer, 0 where the caller gives none).
+inline constexpr uint32_t kNoClaim = 0xffffffffu;  // initial: call 65535 is never current
+inline constexpr int kFailedRows = 0;  // the rows a publisher on a failed mailbox claims
+inline constexpr uint32_t kMaxTag = 0xffffu;
+
+SPARK_MAILBOX_HD uint32_t claim_rows_word(uint32_t call, int rows) { return make_word(call, rows); }
+SPARK_MAILBOX_HD uint32_t claim_tag_word(uint32_t call, uint32_t tag) { return (call << 16) | (tag & kMaxTag); }
+
+enum ClaimCheck : int {
+  kClaimPending = 0,   // not this call's yet: keep waiting
+  kClaimMatches = 1,   // this call's, with this consumer's rows and tag
+  kClaimRowsDiffer = 2,
+  kClaimTagDiffer = 3,
+  kClaimPeerFailed = 4,  // the publisher's mailbox had failed, or it published the call twice
+};
+SPARK_MAILBOX_HD int check_claim(uint32_t rows_word, uint32_t tag_word, uint32_t call, int rows, uint32_t tag) {
+  if (word_call(rows_word) != call || word_call(tag_word) != call) return kClaimPending;
+  if (word_rows(rows_word) == kFailedRows) return kClaimPeerFailed;
+  if (word_rows(rows_word) != rows) return kClaimRowsDiffer;
+  if ((tag_word & kMaxTag) != (tag & kMaxTag)) return kClaimTagDiffer;
+  return kClaimMatches;
+}
 
 // ---- payload bits ------------------------------------------------------------
 
@@ -147,7 +206,15 @@ enum RecordKind : uint32_t {
   kTimeout = 0,    // a slot was not published within the spin timeout
   kNoPublish = 1,  // ACTIVE != NEXT: this call's publisher did not run (a
                    // consume without a publish since the last consume)
+  kRowsDiffer = 2,  // the source claimed other rows for the call (row = its rows)
+  kTagDiffer = 3,   // the source claimed another tag, e.g. another layer (row = its tag)
+  kPeerFailed = 4,  // the source's mailbox had failed (or it published twice)
+  kDoublePublish = 5,  // a publish found ACTIVE == NEXT: the call was published already
 };
+// The record kind of a failed claim check.
+SPARK_MAILBOX_HD uint32_t claim_record_kind(int check) {
+  return check == kClaimRowsDiffer ? kRowsDiffer : check == kClaimTagDiffer ? kTagDiffer : kPeerFailed;
+}
 SPARK_MAILBOX_HD uint32_t make_record(uint32_t kind, int rank, int stage, int source, int row) {
   return 0x80000000u | ((kind & 0x7u) << 28) | (uint32_t(rank & 0xf) << 24) | (uint32_t(stage & 0x3) << 20) |
          (uint32_t(source & 0xf) << 16) | (uint32_t(row) & 0xffffu);

@@ -17,8 +17,11 @@ namespace spark_decode::detail {
 void launch_mailbox_publish(const MailboxView& mb, const void* src, int b, int threads, bool enable_pdl,
                             cudaStream_t stream);
 // The plain gather consumer: out [b, tp * width].
+// launch_next_early: whether it lets the next grid launch at its start or
+// only once its data has arrived (where ranks share a GPU: LamportMailbox::
+// shares_device).
 void launch_mailbox_gather(const MailboxView& mb, void* out, int b, int threads, bool enable_pdl,
-                           cudaStream_t stream);
+                           bool launch_next_early, cudaStream_t stream);
 // The fused gather + pre_expert_norm consumer in `format` (P = tp * width):
 // normed [b, P] for bf16; a [b, P/2] and a_sf (pooler_output_spec) for the
 // NVFP4 formats, whose global scale it reads.

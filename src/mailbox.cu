@@ -87,7 +87,9 @@ LamportMailbox::LamportMailbox(Group& group, int tp, int rank, int capacity, int
     CUDA_CHECK(cudaMemcpy(base + data_offset, sentinel.data(), data_bytes, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemset(base + data_offset + data_bytes, 0xff, claim_bytes));  // kNoClaim
     static_assert(mailbox::kNoClaim == 0xffffffffu);
-    const uint32_t state[4] = {0, mailbox::kNeverPublished, 0, 0};  // NEXT, ACTIVE, STATUS, unused
+    // NEXT, ACTIVE, STATUS; the fourth word of the consumers' 16-byte load
+    // of the state stays guard filler (read, never used).
+    const uint32_t state[mailbox::kStateWords] = {0, mailbox::kNeverPublished, 0};
     CUDA_CHECK(cudaMemcpy(base + state_offset, state, sizeof state, cudaMemcpyHostToDevice));
     view_.state = reinterpret_cast<int32_t*>(base + state_offset);
     for (int q = 0; q < tp; ++q)
@@ -139,8 +141,8 @@ void launch_mailbox_publish(const MailboxView& mb, const void* src, int b, int t
 }
 
 void launch_mailbox_gather(const MailboxView& mb, void* out, int b, int threads, bool enable_pdl,
-                           cudaStream_t stream) {
-  kernels::MailboxGatherArgs args{static_cast<__nv_bfloat16*>(out), mb, b};
+                           bool launch_next_early, cudaStream_t stream) {
+  kernels::MailboxGatherArgs args{static_cast<__nv_bfloat16*>(out), mb, b, launch_next_early ? 1 : 0};
   const int fragments = mb.tp * (mb.width / mailbox::kVecElems);
   kernels::LaunchShape shape;
   shape.grid = dim3(b, (fragments + threads - 1) / threads);
@@ -184,7 +186,8 @@ void LamportMailbox::gather(void* out, int b, cudaStream_t stream, const GatherO
   detail::require_disjoint(out, size_t(b) * tp_ * width_ * 2, memory_->local(), memory_->bytes(),
                            "mailbox gather: out may not overlap the mailbox");
   detail::require_current_device(device_, "the mailbox");
-  detail::launch_mailbox_gather(view_, out, b, options.threads, options.enable_pdl && !shares_device_, stream);
+  detail::launch_mailbox_gather(view_, out, b, options.threads, options.enable_pdl && !shares_device_,
+                                /*launch_next_early=*/!shares_device_, stream);
 }
 
 void LamportMailbox::gather(const TensorRef& out, cudaStream_t stream,

@@ -117,7 +117,8 @@ void gather_norm(LamportMailbox& mb, const void* norm_weight, const float* globa
                              "gather_norm: a and a_sf may not overlap");
   detail::require_current_device(mb.device(), "gather_norm");
   detail::launch_gather_norm(mb.view(), out.format, norm_weight, global_scale, eps, gain_center, out.normed.data,
-                             out.a.data, out.a_sf.data, b, enable_pdl && !mb.shares_device(), launch_next_early,
+                             out.a.data, out.a_sf.data, b, enable_pdl && !mb.shares_device(),
+                             launch_next_early && !mb.shares_device(),
                              stream);
 }
 
@@ -393,7 +394,7 @@ void Pooler::consume(int layer, int b, const PoolerStep& st, const PoolerOutput&
   detail::launch_gather_norm(tagged_view(layer), out.format, spec.norm_weight.data,
                              spec.global_scale ? static_cast<const float*>(spec.global_scale->data) : nullptr,
                              spec.eps, spec.gain_center, out.normed.data, out.a.data, out.a_sf.data, b, enable_pdl_,
-                             st.consumer == ConsumerLaunch::early, stream);
+                             st.consumer == ConsumerLaunch::early && !mailbox_->shares_device(), stream);
 }
 
 PoolerOutput Pooler::scratch_outputs(int layer, int b) const {

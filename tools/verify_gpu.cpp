@@ -392,11 +392,14 @@ void rank_main(Group& group, const VerifyOptions& o, uint64_t seed, Tally& tally
   group.barrier();
 
   // ---- the mailbox's calls, every rank in the same order ----
-  r.say("the mailbox, the zero-copy publish and the Pooler against the stock path");
   int64_t call = 0;
+  r.say("mailbox publish + gather (pooled width)");
   check_mailbox(r, mb_pooled, bufs, call);
+  r.say("mailbox publish + gather (hidden width)");
   check_mailbox(r, mb_hidden, bufs, call);
+  r.say("zero-copy Unpooler publish + gather");
   check_zero_copy(r, zero_copy, plain, mb_hidden, bufs, dm);
+  r.say("Pooler.run and project + publish + gather in every format");
   check_pooler(r, pooler, norms, scales.as<float>(), pdl, exchange, bufs, ours, stock, dx);
   CUDA_CHECK(cudaStreamSynchronize(r.stream));
   group.barrier();

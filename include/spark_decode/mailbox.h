@@ -189,8 +189,11 @@ class LamportMailbox {
   // rank's next kernel, launched early and parked in griddepcontrol.wait,
   // could fill the SMs a peer's producer needs while this rank's consumer
   // spins on it (docs/design.md, "The Lamport mailbox protocol", ordering 6).
-  // The bits are the same; only the overlap between kernels is lost. The
-  // caller's side of the same rule: while a peer on the same GPU may be
+  // The bits are the same; only the overlap between kernels is lost. And
+  // its consumers let the next grid launch only once their data has
+  // arrived, so that a caller's kernel launched with programmatic dependent
+  // launch after a consumer cannot park on the SMs either. The caller's
+  // side of the same rule: while a peer on the same GPU may be
   // waiting for this rank's next publish, this rank may not wait for the
   // whole device (cudaDeviceSynchronize, a synchronous copy on a blocking
   // stream, a first launch of a lazily loaded kernel): synchronise its own

@@ -146,7 +146,11 @@ void MailboxModel::consume(int rank, uint16_t* out, int b, std::chrono::nanoseco
       const uint32_t tag_word = claim[1].load(std::memory_order_acquire);
       const int check = mailbox::check_claim(rows_word, tag_word, call, b, tag);
       if (check == mailbox::kClaimMatches) break;
-      if (check != mailbox::kClaimPending) {
+      // As on the device (wait_for_call), a claim of other rows or another
+      // tag counts once the source's data (row 0) has arrived: a consume
+      // with no publish must be named as such, not by the last call's claim.
+      const bool arrived = copy[L.offset(stage, q, 0, 0)].load(std::memory_order_acquire) != kSentinel;
+      if (check == mailbox::kClaimPeerFailed || (check != mailbox::kClaimPending && arrived)) {
         const int theirs = check == mailbox::kClaimRowsDiffer  ? mailbox::word_rows(rows_word)
                            : check == mailbox::kClaimTagDiffer ? int(tag_word & mailbox::kMaxTag)
                                                                : 0;

@@ -69,10 +69,13 @@ TEST(Mailbox, RefusesBadArgumentsBeforeLaunching) {
     EXPECT_EQ(state[0], 0);
     EXPECT_EQ(uint32_t(state[1]), sd::mailbox::kNeverPublished);
     EXPECT_EQ(state[2], 0);
-    const auto regions = sd::testing::regions_of(mb);
-    std::vector<uint16_t> data((regions.data_end - regions.data_begin) / 2);
+    // The data (3 stages x 1 source x 4 rows x 64) then the claims.
+    std::vector<uint16_t> data(size_t(3) * 4 * 64);
+    std::vector<uint32_t> claims(size_t(3) * 2);
     CUDA_CHECK(cudaMemcpy(data.data(), mb.view().local, data.size() * 2, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(claims.data(), mb.view().local + data.size(), claims.size() * 4, cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < data.size(); ++i) ASSERT_EQ(data[i], 0x8000) << i;
+    for (size_t i = 0; i < claims.size(); ++i) ASSERT_EQ(claims[i], sd::mailbox::kNoClaim) << i;
   });
   for (const auto& f : failures) ADD_FAILURE() << f;
 }

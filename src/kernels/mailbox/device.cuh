@@ -49,8 +49,10 @@
 //      completes (all of ours do; a caller's kernel in the chain must too).
 //      And it assumes one GPU per rank: ranks sharing a GPU can fill its SMs
 //      with early-launched CTAs parked in their wait while a peer's kernel
-//      that the consumer spins on cannot be scheduled (tests that share a
-//      GPU keep host barriers around such steps).
+//      that the consumer spins on cannot be scheduled. So where ranks share
+//      a GPU, consumers trigger only once their data has arrived, and the
+//      mailbox's kernels launch without the attribute (mailbox.h,
+//      shares_device).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -300,6 +302,17 @@ __device__ __forceinline__ const char* claim_failure_text(int check) {
 // (read every kStatusPolls spins: one more L2 load per spin would slow the
 // common wait), or after mb.spin_timeout_ns (record_failure): then sets
 // `failed`.
+//
+// A claim of other rows or another tag counts only once this thread's data
+// has arrived. A consume with no publish since the last one expects the
+// last call (ACTIVE has not moved) and finds that call's claims beside data
+// its consumer already cleared: its claims may name other rows than this
+// consume's b, yet the failure is the missing publish, which the grid's
+// leader names (check_published) and every waiting thread then sees in
+// STATUS. Where a peer really claimed other rows or another tag, its data
+// does arrive (row 0 at least of every source), so the thread that takes it
+// names the difference. A failed peer's claim needs no data: it counts at
+// once.
 inline constexpr unsigned kStatusPolls = 256;
 template <int N>
 __device__ __forceinline__ void wait_for_call(const uint16_t* ptr, const uint32_t* claim_ptr, const MailboxView& mb,
@@ -307,15 +320,7 @@ __device__ __forceinline__ void wait_for_call(const uint16_t* ptr, const uint32_
                                            bool& failed) {
   const uint64_t start = ptx::globaltimer_ns();
   for (unsigned spins = 1;; ++spins) {
-    const int check = mailbox::check_claim(claim.x, claim.y, e.call, e.rows, mb.tag);
-    if (check != mailbox::kClaimPending && check != mailbox::kClaimMatches) {
-      const int theirs = check == mailbox::kClaimRowsDiffer  ? mailbox::word_rows(claim.x)
-                         : check == mailbox::kClaimTagDiffer ? int(claim.y & mailbox::kMaxTag)
-                                                             : 0;
-      record_failure(mb, mailbox::make_record(mailbox::claim_record_kind(check), mb.rank, stage, source, theirs),
-                     claim_failure_text(check));
-      break;
-    }
+    int check = mailbox::check_claim(claim.x, claim.y, e.call, e.rows, mb.tag);
     bool missing = false;
 #pragma unroll
     for (int i = 0; i < N; ++i)
@@ -323,8 +328,19 @@ __device__ __forceinline__ void wait_for_call(const uint16_t* ptr, const uint32_
         v[i] = ptx::ld_volatile_v4(ptr + i * mailbox::kVecElems);
         missing |= vec_has_sentinel(v[i]);
       }
-    if (check == mailbox::kClaimPending) claim = ptx::ld_volatile_v2(claim_ptr);
-    if (!missing && mailbox::check_claim(claim.x, claim.y, e.call, e.rows, mb.tag) == mailbox::kClaimMatches) return;
+    if (check == mailbox::kClaimPending) {
+      claim = ptx::ld_volatile_v2(claim_ptr);
+      check = mailbox::check_claim(claim.x, claim.y, e.call, e.rows, mb.tag);
+    }
+    if (!missing && check == mailbox::kClaimMatches) return;
+    if (check == mailbox::kClaimPeerFailed || (!missing && check != mailbox::kClaimPending)) {
+      const int theirs = check == mailbox::kClaimRowsDiffer  ? mailbox::word_rows(claim.x)
+                         : check == mailbox::kClaimTagDiffer ? int(claim.y & mailbox::kMaxTag)
+                                                             : 0;
+      record_failure(mb, mailbox::make_record(mailbox::claim_record_kind(check), mb.rank, stage, source, theirs),
+                     claim_failure_text(check));
+      break;
+    }
     if (spins % kStatusPolls == 0 && read_status(mb.state) != 0) break;
     if (ptx::globaltimer_ns() - start > mb.spin_timeout_ns) {
       record_failure(mb, mailbox::make_timeout_record(mb.rank, stage, source, row),

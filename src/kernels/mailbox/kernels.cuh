@@ -42,6 +42,10 @@ struct MailboxGatherArgs {
   __nv_bfloat16* out;  // [b, tp * width]
   MailboxView mailbox;
   int b;
+  // Where the next grid may launch: at this grid's start (1), or once this
+  // thread's data has arrived (0: where ranks share a GPU, so that no CTA
+  // of a later kernel parks on an SM while this one waits for a peer).
+  int launch_next_early;
 };
 
 // Grid (b, ceil(tp * width / 8 / threads)): CTA (i, j) thread t owns the 8
@@ -52,7 +56,7 @@ __global__ void mailbox_gather_kernel(const MailboxGatherArgs a) {
   SPARK_TRACE_CTA(kGather);
   // The next grid may launch now (device.cuh, ordering 6); ACTIVE comes from
   // this call's publisher.
-  ptx::griddep_launch_dependents();
+  if (a.launch_next_early) ptx::griddep_launch_dependents();
   ptx::griddep_wait();
   SPARK_TRACE_WAITED();
   const MailboxView& mb = a.mailbox;
@@ -74,6 +78,7 @@ __global__ void mailbox_gather_kernel(const MailboxGatherArgs a) {
   uint4 v[1];
   mailbox_dev::take_vecs(mb.local + layout.offset(stage, source, row, col), mb, mailbox_dev::expect(active, a.b), stage,
                          source, row, v, failed);
+  if (!a.launch_next_early) ptx::griddep_launch_dependents();
   ptx::st_v4(a.out + int64_t(row) * layout.tp * layout.width + int64_t(fragment) * mailbox::kVecElems, v[0]);
 }
 

@@ -151,9 +151,7 @@ void MailboxModel::consume(int rank, uint16_t* out, int b, std::chrono::nanoseco
       // with no publish must be named as such, not by the last call's claim.
       const bool arrived = copy[L.offset(stage, q, 0, 0)].load(std::memory_order_acquire) != kSentinel;
       if (check == mailbox::kClaimPeerFailed || (check != mailbox::kClaimPending && arrived)) {
-        const int theirs = check == mailbox::kClaimRowsDiffer  ? mailbox::word_rows(rows_word)
-                           : check == mailbox::kClaimTagDiffer ? int(tag_word & mailbox::kMaxTag)
-                                                               : 0;
+        const int theirs = mailbox::claim_detail(check, rows_word, tag_word);
         fail(rank, mailbox::make_record(mailbox::claim_record_kind(check), rank, stage, q, theirs),
              detail::concat("mailbox model: rank ", rank, ": source ", q, " claims ",
                             check == mailbox::kClaimRowsDiffer   ? "b = "

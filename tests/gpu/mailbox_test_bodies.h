@@ -411,6 +411,25 @@ inline void expect_timeout_outcome(const TimeoutOutcome& o, double timeout_s, in
   EXPECT_LT(o.waited_s, timeout_s + 10.0);
 }
 
+// The output of a call that failed by name (out was filled with 0x11 before
+// it): rows [made, cap) untouched; in rows [0, made) the columns of every
+// source for which `poisoned(q)` holds are poison, and those of the other
+// sources (whose claims matched) hold their rows (zeros here) or the
+// poison, as their threads took them before or after the failure was seen.
+template <typename Poisoned>
+void check_failed_call_output(const GuardedBuffer& out, int cap, int tp, int width, int made, Poisoned poisoned,
+                              int rank_for_errors) {
+  std::vector<uint16_t> host_out(size_t(cap) * tp * width);
+  out.download(host_out.data(), out.bytes());
+  for (int row = 0; row < cap; ++row)
+    for (int c = 0; c < tp * width; ++c) {
+      const uint16_t got = host_out[size_t(row) * tp * width + c];
+      const int q = c / width;
+      const bool ok = row >= made ? got == 0x1111 : poisoned(q) ? got == 0xffff : got == 0xffff || got == 0;
+      MB_REQUIRE(ok, "output row ", row, " col ", c, " (source ", q, ") = 0x", std::hex, got);
+    }
+}
+
 // Ranks that disagree on b (a caller's bug): rank 0 runs b = 2, the others
 // b = 4. Every rank must end at once (well within the timeout) in the named
 // protocol error, from the claims: rank 0's names a peer's b = 4, every
@@ -442,20 +461,9 @@ inline std::string ranks_disagree_on_b(Group& group, int device, double timeout_
                  error.find(want) != std::string::npos && error.find("destroy this mailbox") != std::string::npos,
              "'", error, "' (want '", want, "')");
   MB_REQUIRE(waited < timeout_s / 2, "the error took ", waited, " s (timeout ", timeout_s, ")");
-  // Nothing of a differing source came out: its columns of every row the
-  // consumer had to make are poison. Sources that claimed this rank's b
-  // (its own; at tp 4 the other b = 4 ranks) give their rows (zeros) or the
-  // poison, as their threads took them before or after the failure.
-  std::vector<uint16_t> host_out(size_t(cap) * tp * width);
-  out.download(host_out.data(), out.bytes());
-  for (int row = 0; row < cap; ++row)
-    for (int c = 0; c < tp * width; ++c) {
-      const uint16_t got = host_out[size_t(row) * tp * width + c];
-      const int q = c / width;
-      const bool same_b = (q == 0) == (rank == 0);
-      const bool ok = row >= b ? got == 0x1111 : same_b ? got == 0xffff || got == 0 : got == 0xffff;
-      MB_REQUIRE(ok, "output row ", row, " col ", c, " (source ", q, ") = 0x", std::hex, got);
-    }
+  // Nothing of a differing source came out. Sources that claimed this
+  // rank's b: its own, and at tp 4 the other b = 4 ranks.
+  check_failed_call_output(out, cap, tp, width, b, [&](int q) { return (q == 0) != (rank == 0); }, rank_for_errors);
   // The mailbox stays failed: the next call is refused on the host.
   bool refused = false;
   try {
@@ -509,17 +517,8 @@ inline std::string second_publish_fails_every_rank(Group& group, int device, dou
   const std::string want = rank == 0 ? "was published twice" : "rank 0's mailbox had failed";
   MB_REQUIRE(error.find(want) != std::string::npos, "'", error, "' (want '", want, "')");
   MB_REQUIRE(waited < timeout_s / 2, "the error took ", waited, " s (timeout ", timeout_s, ")");
-  std::vector<uint16_t> host_out(size_t(cap) * tp * width);
-  out.download(host_out.data(), out.bytes());
-  // A peer's columns of rank 0 are poison (the other sources' claims
-  // matched: their rows, zeros here, may have been taken before the failure
-  // was seen). Rank 0 ran no consumer.
-  for (int row = 0; row < cap; ++row)
-    for (int c = 0; c < tp * width; ++c) {
-      const uint16_t got = host_out[size_t(row) * tp * width + c];
-      const bool ok = rank == 0 || row >= 3 ? got == 0x1111 : c / width == 0 ? got == 0xffff : got == 0xffff || got == 0;
-      MB_REQUIRE(ok, "output row ", row, " col ", c, " = 0x", std::hex, got);
-    }
+  // A peer's columns of rank 0 are poison. Rank 0 ran no consumer.
+  check_failed_call_output(out, cap, tp, width, rank == 0 ? 0 : 3, [](int q) { return q == 0; }, rank_for_errors);
   group.barrier();
   return error;
 }

@@ -334,9 +334,7 @@ __device__ __forceinline__ void wait_for_call(const uint16_t* ptr, const uint32_
     }
     if (!missing && check == mailbox::kClaimMatches) return;
     if (check == mailbox::kClaimPeerFailed || (!missing && check != mailbox::kClaimPending)) {
-      const int theirs = check == mailbox::kClaimRowsDiffer  ? mailbox::word_rows(claim.x)
-                         : check == mailbox::kClaimTagDiffer ? int(claim.y & mailbox::kMaxTag)
-                                                             : 0;
+      const int theirs = mailbox::claim_detail(check, claim.x, claim.y);
       record_failure(mb, mailbox::make_record(mailbox::claim_record_kind(check), mb.rank, stage, source, theirs),
                      claim_failure_text(check));
       break;

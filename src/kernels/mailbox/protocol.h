@@ -43,8 +43,9 @@
 //     writes NEXT = advance_word(ACTIVE, b). Every thread spins on its
 //     elements of its own copy's slots [s][*] rows [0, b) until no BF16 lane
 //     holds the sentinel, and on the claim of each source it read until the
-//     claim names call c; a claim of other rows, another tag or a failed
-//     peer is a failure (kRowsDiffer, kTagDiffer, kPeerFailed). Then it
+//     claim names call c; a claim of other rows or another tag, once the
+//     thread's data has arrived, or of a failed peer, at once, is a failure
+//     (kRowsDiffer, kTagDiffer, kPeerFailed). Then it
 //     restores the sentinel in the data it read and produces the output.
 //
 // Why claims carry the counter and are never cleared: many consumer threads
@@ -211,6 +212,11 @@ enum RecordKind : uint32_t {
   kPeerFailed = 4,  // the source's mailbox had failed (or it published twice)
   kDoublePublish = 5,  // a publish found ACTIVE == NEXT: the call was published already
 };
+// What a failure record's row field carries for a failed claim check: the
+// source's rows (kRowsDiffer), its tag (kTagDiffer), else 0.
+SPARK_MAILBOX_HD int claim_detail(int check, uint32_t rows_word, uint32_t tag_word) {
+  return check == kClaimRowsDiffer ? word_rows(rows_word) : check == kClaimTagDiffer ? int(tag_word & kMaxTag) : 0;
+}
 // The record kind of a failed claim check.
 SPARK_MAILBOX_HD uint32_t claim_record_kind(int check) {
   return check == kClaimRowsDiffer ? kRowsDiffer : check == kClaimTagDiffer ? kTagDiffer : kPeerFailed;

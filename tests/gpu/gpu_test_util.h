@@ -78,6 +78,14 @@ std::string shared_gpu_heavy_reason();
 // returns what each rank threw (empty: all passed).
 std::vector<std::string> run_on_gpus(int tp, const std::function<void(Group&, int)>& fn, int devices = 0);
 
+// Where ranks share a GPU, every rank must finish its set-up before any rank
+// makes its first mailbox call: a stream created, a device allocation or
+// free, or a graph instantiated while a peer's consumer already spins on
+// this rank may wait for the device, which that consumer keeps busy until
+// its spin timeout (docs/design.md, "The Lamport mailbox protocol",
+// ordering 6). A barrier after set-up.
+inline void set_up_done(Group& group) { group.barrier(); }
+
 // Device memory with `guard_bytes` of a known pattern on either side; the
 // caller checks the guards after the kernels ran.
 class GuardedBuffer {

@@ -131,6 +131,7 @@ inline void payloads_arrive_bit_for_bit(Group& group, int device, int width, uin
   std::vector<uint16_t> host_src(size_t(cap) * width), host_out(size_t(cap) * tp * width);
   const int threads[] = {32, 128, 256, 1024};
   int b_prev = 0;
+  set_up_done(group);
   for (int64_t k = 0; k < cap + 12; ++k) {
     const int b = k < cap ? int(k) + 1 : int(rows_rng() % cap) + 1;
     fill_src(host_src.data(), seed, k, group.rank(), b, width);
@@ -172,6 +173,7 @@ inline void many_calls_random_rows(Group& group, int device, int width, int call
   std::mt19937_64 rows_rng(seed ^ 0x5bd1e995);
   std::vector<int> rows(calls);
   for (int& b : rows) b = int(rows_rng() % cap) + 1;
+  set_up_done(group);
   for (int first = 0; first < calls; first += chunk) {
     const int n = std::min(chunk, calls - first);
     for (int j = 0; j < n; ++j)
@@ -224,6 +226,7 @@ inline void graph_replays(Group& group, int device, int width, int per_graph, in
   }
   CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
   CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  set_up_done(group);
   try {
     for (int r = 0; r < replays; ++r) {
       for (int j = 0; j < per_graph; ++j)
@@ -269,6 +272,7 @@ inline void graph_replays(Group& group, int device, int width, int per_graph, in
 inline void good_calls_first(Group& group, LamportMailbox& mb, GuardedBuffer& src, GuardedBuffer& out, int calls,
                              cudaStream_t stream) {
   src.fill(0);
+  set_up_done(group);
   for (int k = 0; k < calls; ++k) {
     mb.publish(src.get(), 1 + k, stream);
     mb.gather(out.get(), 1 + k, stream);
@@ -277,21 +281,39 @@ inline void good_calls_first(Group& group, LamportMailbox& mb, GuardedBuffer& sr
   group.barrier();
 }
 
+// The misuse bodies' set-up: a mailbox of kMisuseCap rows of kMisuseWidth
+// columns with the given spin timeout and failure mode, a stream, one
+// call's source and output, and `good` good calls every rank makes first
+// (good_calls_first).
+inline constexpr int kMisuseCap = 16, kMisuseWidth = 256;
+struct MisuseSetup {
+  LamportMailbox mb;
+  Stream stream;
+  GuardedBuffer src, out;
+  MisuseSetup(Group& group, int device, double timeout_s, int good,
+              LamportMailbox::OnFailure on_failure = LamportMailbox::OnFailure::poison)
+      : mb(group, group.size(), group.rank(), kMisuseCap, kMisuseWidth, device, options(timeout_s, on_failure)),
+        src(kMisuseCap * kMisuseWidth * 2),
+        out(size_t(kMisuseCap) * group.size() * kMisuseWidth * 2) {
+    good_calls_first(group, mb, src, out, good, stream);
+  }
+  static LamportMailbox::Options options(double timeout_s, LamportMailbox::OnFailure on_failure) {
+    LamportMailbox::Options o;
+    o.spin_timeout_s = timeout_s;
+    o.on_failure = on_failure;
+    return o;
+  }
+};
+
 struct TimeoutOutcome {
   std::string error;
   double waited_s = -1;
 };
 inline TimeoutOutcome skipped_call_times_out(Group& group, int device, double timeout_s,
                                              LamportMailbox::OnFailure on_failure) {
-  const int rank = group.rank(), tp = group.size(), rank_for_errors = rank;
-  const int cap = 16, width = 256;
-  LamportMailbox::Options options;
-  options.spin_timeout_s = timeout_s;
-  options.on_failure = on_failure;
-  LamportMailbox mb(group, tp, rank, cap, width, device, options);
-  Stream stream;
-  GuardedBuffer src(cap * width * 2), out(size_t(cap) * tp * width * 2);
-  good_calls_first(group, mb, src, out, 4, stream);
+  const int rank = group.rank(), tp = group.size(), rank_for_errors = rank, cap = kMisuseCap, width = kMisuseWidth;
+  MisuseSetup set(group, device, timeout_s, 4, on_failure);
+  auto& [mb, stream, src, out] = set;
   TimeoutOutcome outcome;
   if (rank == 0) {
     const uint64_t seed = test_seed("mailbox skipped call");
@@ -435,14 +457,9 @@ void check_failed_call_output(const GuardedBuffer& out, int cap, int tp, int wid
 // protocol error, from the claims: rank 0's names a peer's b = 4, every
 // other rank's rank 0's b = 2. Returns this rank's error.
 inline std::string ranks_disagree_on_b(Group& group, int device, double timeout_s) {
-  const int rank = group.rank(), tp = group.size(), rank_for_errors = rank;
-  const int cap = 16, width = 256;
-  LamportMailbox::Options options;
-  options.spin_timeout_s = timeout_s;
-  LamportMailbox mb(group, tp, rank, cap, width, device, options);
-  Stream stream;
-  GuardedBuffer src(cap * width * 2), out(size_t(cap) * tp * width * 2);
-  good_calls_first(group, mb, src, out, 3, stream);
+  const int rank = group.rank(), tp = group.size(), rank_for_errors = rank, cap = kMisuseCap, width = kMisuseWidth;
+  MisuseSetup set(group, device, timeout_s, 3);
+  auto& [mb, stream, src, out] = set;
   std::string error;
   out.fill(0x11);
   const auto start = std::chrono::steady_clock::now();
@@ -482,14 +499,9 @@ inline std::string ranks_disagree_on_b(Group& group, int device, double timeout_
 // 0's rows would be. Rank 0 publishes twice before the peers start the call,
 // so that no peer can take the first publish's claim.
 inline std::string second_publish_fails_every_rank(Group& group, int device, double timeout_s) {
-  const int rank = group.rank(), tp = group.size(), rank_for_errors = rank;
-  const int cap = 16, width = 256;
-  LamportMailbox::Options options;
-  options.spin_timeout_s = timeout_s;
-  LamportMailbox mb(group, tp, rank, cap, width, device, options);
-  Stream stream;
-  GuardedBuffer src(cap * width * 2), out(size_t(cap) * tp * width * 2);
-  good_calls_first(group, mb, src, out, 3, stream);
+  const int rank = group.rank(), tp = group.size(), rank_for_errors = rank, cap = kMisuseCap, width = kMisuseWidth;
+  MisuseSetup set(group, device, timeout_s, 3);
+  auto& [mb, stream, src, out] = set;
   out.fill(0x11);
   std::string error;
   double waited = 0;

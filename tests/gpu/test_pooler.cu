@@ -170,6 +170,7 @@ void pooler_steps(sd::Group& group, int device, int pooled, int steps, const std
   DeviceBuffer full(size_t(cap) * pooled * 2), normed(size_t(cap) * pooled * 2), sa(size_t(cap) * pooled / 2),
       ssf(sf_slot);
 
+  set_up_done(group);
   std::mt19937_64 bgen(seed + 5);  // the same b sequence on every rank
   for (int step = 0; step < steps; ++step) {
     const int b = batches[bgen() % batches.size()];
@@ -311,6 +312,7 @@ void pooler_soak(sd::Group& group, int device, int calls, uint64_t seed) {
   auto x_of = [&](int l, int b) {
     return sd::TensorRef::contiguous(x.as<uint16_t>() + size_t(l) * cap * H, sd::DType::bf16, {b, H}, device);
   };
+  set_up_done(group);
   // Every layer at b = cap, then the image of every (layer, b).
   CUDA_CHECK(cudaMemsetAsync(out.get(), 0xee, out.bytes(), stream));
   for (int l = 0; l < L; ++l) pooler.run(l, x_of(l, cap), output_in(out.as<uint8_t>() + l * slot, l, cap), stream);

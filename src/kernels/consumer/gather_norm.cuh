@@ -112,7 +112,7 @@ __global__ void gather_norm_kernel(const GatherNormArgs a) {
   // A failed mailbox (STATUS set) gives nothing but poison from now on.
   bool failed = state.z != 0;
   SPARK_TRACE_MARK(0, active);  // ACTIVE has arrived
-  if (t == 0 && row == 0 && !failed && mailbox_dev::check_published(mb, active))
+  if (t == 0 && row == 0 && !failed && mailbox_dev::check_published(mb, state))
     mailbox_dev::advance(mb.state, active, a.b);
   const int stage = mailbox::word_stage(active);
   uint16_t* const local = mb.local;

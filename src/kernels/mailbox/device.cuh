@@ -75,10 +75,6 @@ __host__ __device__ __forceinline__ Layout layout_of(const MailboxView& mb) {
 
 // ---- stage words -------------------------------------------------------------
 
-// Publisher: the stage this call writes (after griddepcontrol.wait).
-__device__ __forceinline__ uint32_t read_next(const int32_t* state) {
-  return ptx::ld_relaxed_sys_u32(reinterpret_cast<const uint32_t*>(state) + mailbox::kNextWord);
-}
 // Publisher: ACTIVE = NEXT. Idempotent; one thread of the grid calls it
 // (see publish_stage).
 __device__ __forceinline__ void set_active(int32_t* state, uint32_t next_word) {
@@ -90,8 +86,11 @@ __device__ __forceinline__ uint32_t read_status(const int32_t* state) {
 }
 // NEXT, ACTIVE and STATUS in one load (x, y, z; each word single-copy
 // atomic; the state is 16-byte aligned with a fourth, unused word), after
-// the wait: a consumer's ACTIVE and STATUS, a publishing leader's NEXT,
-// ACTIVE and STATUS, at the cost of one L2 round trip.
+// the wait: a consumer's ACTIVE, STATUS and (its leader) NEXT, a
+// publisher's NEXT and (its leader) ACTIVE and STATUS, at the cost of one
+// L2 round trip. Every thread of a grid loads the same words with the same
+// instruction: a leader that loaded apart from its warp (a divergent
+// branch) would make that warp wait for two round trips in turn.
 __device__ __forceinline__ uint4 read_state(const int32_t* state) { return ptx::ld_volatile_v4(state); }
 
 // Consumer: NEXT = the following stage and this call's rows. Idempotent;
@@ -219,8 +218,8 @@ __device__ __forceinline__ void store_claims(const MailboxView& mb, int stage, u
 // whose stores may have replaced rows a peer took): every peer then fails at
 // this call instead of taking its rows. A ticket naming no call traps: it
 // would send the stores outside every copy's slots.
-__device__ __forceinline__ int lead_publish(const MailboxView& mb, int rows) {
-  const uint4 state = read_state(mb.state);  // NEXT, ACTIVE, STATUS
+// `state`: this thread's read_state.
+__device__ __forceinline__ int lead_publish(const MailboxView& mb, uint4 state, int rows) {
   bool failed = state.z != 0;
   if (state.y == state.x) {
     record_failure(mb.state, mb.timeout_record, mb.trap_on_failure,
@@ -234,17 +233,27 @@ __device__ __forceinline__ int lead_publish(const MailboxView& mb, int rows) {
   return stage;
 }
 
+// The stage a publisher of the stage word writes, every thread of the grid
+// loading the state once (read_state); `leader` as in lead_publish.
+__device__ __forceinline__ int stage_word_publish(const MailboxView& mb, int rows, bool leader) {
+  const uint4 state = read_state(mb.state);
+  return leader ? lead_publish(mb, state, rows) : mailbox::word_stage(state.x);
+}
+
 __device__ __forceinline__ int publish_stage(const Publish& p, bool leader) {
   const MailboxView& mb = p.mailbox;
-  if (p.mode == Publish::kStageWord)
-    return leader ? lead_publish(mb, p.rows) : mailbox::word_stage(read_next(mb.state));
-  const uint32_t call = mailbox::word_call(ptx::ld_relaxed_sys_u32(reinterpret_cast<const uint32_t*>(p.ticket)));
+  if (p.mode == Publish::kStageWord) return stage_word_publish(mb, p.rows, leader);
+  // The leader's STATUS load is issued before the ticket is used, so the
+  // two round trips overlap.
+  const uint32_t ticket = ptx::ld_relaxed_sys_u32(reinterpret_cast<const uint32_t*>(p.ticket));
+  const uint32_t status = leader ? read_status(mb.state) : 0u;
+  const uint32_t call = mailbox::word_call(ticket);
   if (call >= mailbox::kCallPeriod) {
     printf("spark-decode: ticket call %u is not a mailbox call counter; trapping\n", call);
     __trap();
   }
   const int stage = int(call % mailbox::kStages);
-  if (leader) store_claims(mb, stage, call, read_status(mb.state) != 0 ? mailbox::kFailedRows : p.rows);
+  if (leader) store_claims(mb, stage, call, status != 0 ? mailbox::kFailedRows : p.rows);
   return stage;
 }
 
@@ -255,9 +264,11 @@ __device__ __forceinline__ int publish_stage(const Publish& p, bool leader) {
 // consume with no publish since the last one (a skipped publish, a second
 // gather) finds them apart: it fails (record_failure) instead of returning
 // the previous call's rows. Returns whether the call may go on; one thread
-// of the grid checks.
-__device__ __forceinline__ bool check_published(const MailboxView& mb, uint32_t active) {
-  if (read_next(mb.state) == active) return true;
+// of the grid, the one that then advances NEXT, checks, from its own
+// read_state (no other thread of the grid writes NEXT before its check).
+__device__ __forceinline__ bool check_published(const MailboxView& mb, uint4 state) {
+  const uint32_t active = state.y;
+  if (state.x == active) return true;
   record_failure(mb, mailbox::make_record(mailbox::kNoPublish, mb.rank, mailbox::word_stage(active), 0, 0),
                  "consumed with no publish since the last consume (a skipped publish or a second gather)");
   return false;

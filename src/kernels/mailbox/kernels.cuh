@@ -25,8 +25,7 @@ __global__ void mailbox_publish_kernel(const MailboxPublishArgs a) {
   ptx::griddep_launch_dependents();
   const MailboxView& mb = a.mailbox;
   // The leader (one thread of the grid) also sets ACTIVE and the claim.
-  const int stage = threadIdx.x == 0 && blockIdx.x == 0 ? mailbox_dev::lead_publish(mb, a.b)
-                                                        : mailbox::word_stage(mailbox_dev::read_next(mb.state));
+  const int stage = mailbox_dev::stage_word_publish(mb, a.b, threadIdx.x == 0 && blockIdx.x == 0);
 
   const mailbox::Layout layout = mailbox_dev::layout_of(mb);
   const int vecs = layout.row_vecs();
@@ -65,7 +64,7 @@ __global__ void mailbox_gather_kernel(const MailboxGatherArgs a) {
   // A failed mailbox (STATUS set) gives nothing but poison from now on.
   bool failed = state.z != 0;
   SPARK_TRACE_MARK(0, active);  // ACTIVE has arrived
-  if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0 && !failed && mailbox_dev::check_published(mb, active))
+  if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0 && !failed && mailbox_dev::check_published(mb, state))
     mailbox_dev::advance(mb.state, active, a.b);
 
   const mailbox::Layout layout = mailbox_dev::layout_of(mb);

@@ -1,8 +1,11 @@
 // LamportMailbox: construction, validation and launches.
+#include <chrono>
+#include <cstddef>
 #include <cstring>
 #include <vector>
 
 #include "cuda_utils.h"
+#include "enqueue_order.h"
 #include "kernels/common/launch.cuh"
 #include "kernels/mailbox/kernels.cuh"
 #include "launchers.h"
@@ -55,6 +58,7 @@ LamportMailbox::LamportMailbox(Group& group, int tp, int rank, int capacity, int
     std::memcpy(mine.uuid, prop.uuid.bytes, sizeof mine.uuid);
   }
   const std::vector<uint8_t> shapes = group.all_gather(&mine, sizeof mine);
+  bool any_shared = false;  // any two ranks on one GPU: the same answer on every rank
   for (int q = 0; q < tp; ++q) {
     Shape s;
     std::memcpy(&s, shapes.data() + q * sizeof s, sizeof s);
@@ -63,7 +67,13 @@ LamportMailbox::LamportMailbox(Group& group, int tp, int rank, int capacity, int
                 s.guard_bytes, " where rank ", rank, " builds ", capacity, ", ", width, ", ",
                 options.guard_bytes, "; every rank must build the same mailbox");
     if (q != rank && std::memcmp(s.uuid, mine.uuid, sizeof mine.uuid) == 0) shares_device_ = true;
+    for (int p = 0; p < q; ++p)
+      if (std::memcmp(s.uuid, shapes.data() + p * sizeof s + offsetof(Shape, uuid), sizeof s.uuid) == 0)
+        any_shared = true;
   }
+  if (any_shared)  // collective: every rank takes this branch
+    enqueue_order_ = std::make_unique<detail::EnqueueOrder>(
+        group, std::chrono::nanoseconds(static_cast<int64_t>(options.spin_timeout_s * 1e9)));
   view_.spin_timeout_ns = static_cast<uint64_t>(options.spin_timeout_s * 1e9);
   view_.trap_on_failure = options.on_failure == OnFailure::trap ? 1 : 0;
   view_.tp = tp;
@@ -163,6 +173,7 @@ void LamportMailbox::publish(const void* src, int b, cudaStream_t stream, const 
   check_threads(options.threads, "mailbox publish");
   detail::require_current_device(device_, "the mailbox");
   detail::launch_mailbox_publish(view_, src, b, options.threads, options.enable_pdl && !shares_device_, stream);
+  publish_enqueued();
 }
 
 void LamportMailbox::publish(const TensorRef& src, cudaStream_t stream,
@@ -186,6 +197,7 @@ void LamportMailbox::gather(void* out, int b, cudaStream_t stream, const GatherO
   detail::require_disjoint(out, size_t(b) * tp_ * width_ * 2, memory_->local(), memory_->bytes(),
                            "mailbox gather: out may not overlap the mailbox");
   detail::require_current_device(device_, "the mailbox");
+  before_consume(stream);
   detail::launch_mailbox_gather(view_, out, b, options.threads, options.enable_pdl && !shares_device_,
                                 /*launch_next_early=*/!shares_device_, stream);
 }
@@ -200,6 +212,14 @@ void LamportMailbox::gather(const TensorRef& out, cudaStream_t stream,
   SPARK_CHECK(out.device == device_, "mailbox gather: out ", out.describe(), " is not on cuda:",
               device_);
   gather(out.data, b, stream, options);
+}
+
+void LamportMailbox::publish_enqueued() {
+  if (enqueue_order_) enqueue_order_->published();
+}
+
+void LamportMailbox::before_consume(cudaStream_t stream) {
+  if (enqueue_order_) enqueue_order_->before_consume(detail::is_capturing(stream));
 }
 
 std::optional<std::string> LamportMailbox::timeout_report() const {

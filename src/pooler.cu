@@ -116,6 +116,7 @@ void gather_norm(LamportMailbox& mb, const void* norm_weight, const float* globa
     detail::require_disjoint(outputs[0].first, outputs[0].second, outputs[1].first, outputs[1].second,
                              "gather_norm: a and a_sf may not overlap");
   detail::require_current_device(mb.device(), "gather_norm");
+  mb.before_consume(stream);
   detail::launch_gather_norm(mb.view(), out.format, norm_weight, global_scale, eps, gain_center, out.normed.data,
                              out.a.data, out.a_sf.data, b, enable_pdl && !mb.shares_device(),
                              launch_next_early && !mb.shares_device(),
@@ -386,11 +387,13 @@ void Pooler::publish(int b, cudaStream_t stream) {
   detail::require_current_device(device_, "the pooler");
   detail::launch_mailbox_publish(tagged_view(projected_layer_), shard_, b, LamportMailbox::PublishOptions{}.threads,
                                  enable_pdl_, stream);
+  mailbox_->publish_enqueued();
 }
 
 // The consumer of (layer, b) into `out`, in the layer's format.
 void Pooler::consume(int layer, int b, const PoolerStep& st, const PoolerOutput& out, cudaStream_t stream) {
   const PoolerLayer& spec = layers_[layer]->spec;
+  mailbox_->before_consume(stream);
   detail::launch_gather_norm(tagged_view(layer), out.format, spec.norm_weight.data,
                              spec.global_scale ? static_cast<const float*>(spec.global_scale->data) : nullptr,
                              spec.eps, spec.gain_center, out.normed.data, out.a.data, out.a_sf.data, b, enable_pdl_,
@@ -434,9 +437,11 @@ PoolerOutput Pooler::run(int layer, const void* x, int b, cudaStream_t stream) {
   const PoolerOutput out = scratch_outputs(layer, b);
   const bool epilogue = st.publish == PublishRoute::epilogue;
   gemm.launch(x, shard_, b, /*publish=*/epilogue, stream, layer_tag(layer));
-  if (!epilogue)
+  if (!epilogue) {
     detail::launch_mailbox_publish(tagged_view(layer), shard_, b, LamportMailbox::PublishOptions{}.threads, enable_pdl_,
                                    stream);
+    mailbox_->publish_enqueued();
+  }
   consume(layer, b, st, out, stream);
   return out;
 }
@@ -453,9 +458,11 @@ void Pooler::run(int layer, const TensorRef& x, const PoolerOutput& out, cudaStr
   check_outputs(layer, b, out, x.data);
   const bool epilogue = st.publish == PublishRoute::epilogue;
   gemm.launch(x.data, shard_, b, /*publish=*/epilogue, stream, layer_tag(layer));
-  if (!epilogue)
+  if (!epilogue) {
     detail::launch_mailbox_publish(tagged_view(layer), shard_, b, LamportMailbox::PublishOptions{}.threads, enable_pdl_,
                                    stream);
+    mailbox_->publish_enqueued();
+  }
   consume(layer, b, st, out, stream);
 }
 

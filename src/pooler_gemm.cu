@@ -116,6 +116,7 @@ void PoolerGemm::launch(const void* x, void* out, int m, bool publish, cudaStrea
       engines::launch_skinny(c.shape, weight_, x, out, n_, k_, m, enable_pdl_, into, stream);
       break;
   }
+  if (publish) mailbox_->publish_enqueued();
 }
 
 void PoolerGemm::check_operands(const void* x, void* out, int m) const {

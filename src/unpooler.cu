@@ -179,6 +179,7 @@ void Unpooler::run(const void* x, void* out, int m, cudaStream_t stream) {
     onchip_engine_->launch(x, out, m, into, ticket_, stream);
   else
     engine_->launch(x, out, m, into, ticket_, stream);
+  if (mailbox_) mailbox_->publish_enqueued();
 }
 
 void Unpooler::run(const TensorRef& x, const TensorRef& out, cudaStream_t stream) {

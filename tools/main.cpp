@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -111,6 +112,11 @@ int run_step(sd::bench::StepOptions o, const std::string& out_dir, bool json, co
 
 int main(int argc, char** argv) {
   sd::bench::disable_nvlink_multicast();  // before anything could start NCCL
+  // Before the first CUDA call: `verify --tp N` and `step --tp N` on fewer
+  // GPUs run ranks sharing one, whose replayed graphs the host cannot order
+  // in the GPU's hardware queues; the most queues makes two ranks' streams
+  // least likely to share one (docs/design.md, "Ranks sharing a GPU").
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", /*overwrite=*/0);
   CLI::App app{"spark-decode: tensor-parallel decode kernels at the MoE boundaries of Muse Spark.\n"
                "Without a subcommand: the main job (info, the plan table, verify, then step at the GPU count)."};
   app.option_defaults()->always_capture_default();

@@ -4,21 +4,47 @@
 # (nvcc, cuBLAS) must already be there.
 set -euo pipefail
 
+root="$(cd "$(dirname "$0")/.." && pwd)"
+
+# What each package provides, probed directly: a machine may have it from
+# another source than dpkg (a GPU image built from source, headers carried
+# in .deps/include where no registry is reachable).
+have_cmd() { command -v "$1" >/dev/null 2>&1; }
+have_header() {
+  local d
+  for d in /usr/include /usr/local/include "$root/.deps/include"; do [ -e "$d/$1" ] && return 0; done
+  return 1
+}
+provided() {
+  case "$1" in
+    cmake) have_cmd cmake ;;
+    ninja-build) have_cmd ninja ;;
+    g++) have_cmd g++ ;;
+    libgtest-dev) have_header gtest/gtest.h ;;
+    nlohmann-json3-dev) have_header nlohmann/json.hpp ;;
+    libcli11-dev) have_header CLI/CLI.hpp ;;
+    libopenmpi-dev) have_cmd mpicxx ;;
+    openmpi-bin) have_cmd mpirun ;;
+    python3-dev) python3 -c 'import os, sysconfig; assert os.path.exists(sysconfig.get_paths()["include"] + "/Python.h")' 2>/dev/null ;;
+    pybind11-dev) have_header pybind11/pybind11.h || python3 -c 'import pybind11' 2>/dev/null ;;
+    *) return 1 ;;
+  esac
+}
 need=()
-have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
 for pkg in cmake ninja-build g++ libgtest-dev nlohmann-json3-dev libcli11-dev libopenmpi-dev openmpi-bin \
            python3-dev pybind11-dev; do
-  have_pkg "$pkg" || need+=("$pkg")
+  provided "$pkg" || need+=("$pkg")
 done
 if ((${#need[@]})); then
   echo "setup-deps: installing ${need[*]}"
   SUDO=""
   [ "$(id -u)" -eq 0 ] || SUDO=sudo
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+  # Where no registry is reachable, say what is missing and go on: CMake
+  # then names whatever the build cannot do without.
+  if ! { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null; }; then
+    echo "setup-deps: could not install ${need[*]} (no package registry?); going on without them" >&2
+  fi
 fi
-
-root="$(cd "$(dirname "$0")/.." && pwd)"
 
 # pip_into NAME WHAT PACKAGE...: PyPI packages into .deps/NAME (log in
 # .deps/NAME.log); where that fails, says that WHAT will be skipped and goes

@@ -84,6 +84,9 @@
 #include "spark_decode/types.h"
 
 namespace spark_decode {
+namespace detail {
+class EnqueueOrder;
+}
 
 // Filler of the optional guard regions around a mailbox's allocation.
 inline constexpr uint8_t kMailboxGuardByte = 0xa5;
@@ -201,12 +204,30 @@ class LamportMailbox {
   // construction.
   bool shares_device() const { return shares_device_; }
 
+  // Where any two ranks of the group share a GPU, the host order of launches
+  // that keeps the GPU's hardware queues moving (docs/design.md, "Ranks
+  // sharing a GPU"): every rank's publisher of a call is enqueued before any
+  // rank's consumer of it. A component that launches a publisher into this
+  // mailbox calls publish_enqueued() right after the launch, one that
+  // launches a consumer calls before_consume(stream) right before it, which
+  // waits (on the host, at most Options::spin_timeout_s) for every peer's
+  // publisher of the call. No-ops where every rank has its own GPU. The
+  // mailbox's publish and gather, the Pooler and the zero-copy Unpooler do
+  // this; a caller's own kernel on the view() must too. Under CUDA graph
+  // capture nothing waits: the host cannot order a graph's replays (the
+  // design's note on CUDA_DEVICE_MAX_CONNECTIONS says what to do).
+  void publish_enqueued();
+  void before_consume(cudaStream_t stream);
+  // Whether the launches are ordered so (any two ranks share a GPU).
+  bool orders_enqueues() const { return enqueue_order_ != nullptr; }
+
  private:
   int tp_, rank_, capacity_, width_, device_;
   Group* group_;
   std::unique_ptr<SymmetricMemory> memory_;
   MailboxView view_;
   bool shares_device_ = false;
+  std::unique_ptr<detail::EnqueueOrder> enqueue_order_;
   uint32_t* record_host_ = nullptr;
 };
 

@@ -11,6 +11,14 @@
 #include "spark_decode/bf16.h"
 
 namespace spark_decode::testing {
+namespace {
+// Before the first CUDA call (static initialisation): ranks sharing one GPU
+// replay CUDA graphs, which the host cannot order in the GPU's hardware
+// queues; the most queues makes two ranks' streams least likely to share
+// one (docs/design.md, "Ranks sharing a GPU"). Eager calls need no such
+// help: the ctest entry shared_gpu_one_hardware_queue runs them with one.
+[[maybe_unused]] const bool kMostHardwareQueues = setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", /*overwrite=*/0) == 0;
+}  // namespace
 
 std::string gpu_unavailable_reason(int min_devices) {
   int count = 0;

@@ -1,11 +1,15 @@
-// The Lamport mailbox across processes: `mpirun -np 2`, rank r on GPU r,
-// buffers mapped with CUDA IPC. Every rank runs the same tests; the process
-// fails if any rank failed. Skips (on every rank alike) without two GPUs
-// that reach each other peer-to-peer.
+// The Lamport mailbox across processes: `mpirun -np 2`, buffers mapped with
+// CUDA IPC. Rank r runs on GPU r where there are as many GPUs as ranks (they
+// must reach each other peer-to-peer), and on GPU r % count where there are
+// fewer: ranks that are processes sharing a GPU, as on a one-GPU machine (the
+// host order of launches then goes through POSIX shared memory between the
+// processes). Every rank runs the same tests; the process fails if any rank
+// failed. Skips (on every rank alike) without a GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -23,14 +27,28 @@ namespace {
 
 uint64_t g_seed = 0;  // the same on every rank (rank 0's, broadcast)
 
-std::string mpi_gpu_reason() {
+int mpi_size() {
   int size = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return size;
+}
+
+int gpu_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) return 0;
+  return count;
+}
+
+// Why the bodies cannot run here ("" where they can). With `own_gpus`, every
+// rank must have a GPU of its own.
+std::string mpi_gpu_reason(bool own_gpus) {
+  const int size = mpi_size();
   if (size < 2) return "needs at least 2 MPI ranks (mpirun -np 2)";
-  std::string why = gpu_unavailable_reason(size);
+  std::string why = gpu_unavailable_reason(own_gpus ? size : 1);
   if (!why.empty()) return why;
-  for (int a = 0; a < size; ++a)
-    for (int b = 0; b < size; ++b) {
+  const int used = std::min(size, gpu_count());
+  for (int a = 0; a < used; ++a)
+    for (int b = 0; b < used; ++b) {
       int can = 1;
       if (a != b) CUDA_CHECK(cudaDeviceCanAccessPeer(&can, a, b));
       if (!can) return "GPUs " + std::to_string(a) + " and " + std::to_string(b) + " cannot access each other peer-to-peer";
@@ -38,15 +56,19 @@ std::string mpi_gpu_reason() {
   return "";
 }
 
-// Runs a body on this rank; a rank's failure is reported by that rank.
+// Runs a body on this rank, on GPU rank % count; a rank's failure is
+// reported by that rank.
 template <typename Fn>
-void run_body(Fn fn) {
-  const std::string why = mpi_gpu_reason();
+void run_body(Fn fn, bool own_gpus = false) {
+  const std::string why = mpi_gpu_reason(own_gpus);
   if (!why.empty()) GTEST_SKIP() << why;
   sd::MpiGroup group;
-  CUDA_CHECK(cudaSetDevice(group.rank()));
+  const int device = group.rank() % gpu_count();
+  CUDA_CHECK(cudaSetDevice(device));
+  if (group.rank() == 0 && gpu_count() < group.size())
+    std::printf("%d ranks as processes sharing %d GPU(s)\n", group.size(), gpu_count());
   try {
-    fn(group, group.rank());
+    fn(group, device);
   } catch (const std::exception& e) {
     ADD_FAILURE() << e.what();
   }
@@ -99,13 +121,17 @@ TEST(MailboxMpiTimeout, SkippedCallIsSurvived) {
 }
 
 // Last suite of the file (gtest runs suites in order of appearance): the
-// trap poisons rank 0's CUDA context for the rest of the process.
+// trap poisons rank 0's CUDA context for the rest of the process. Only where
+// every rank has its own GPU: a peer's context on rank 0's GPU is not part
+// of what the trap's report is tested for.
 TEST(ZzMailboxMpiTimeout, SkippedCallTrapsWithTheReport) {
-  run_body([](sd::Group& g, int device) {
-    const double timeout_s = 0.5;
-    const TimeoutOutcome o = skipped_call_times_out(g, device, timeout_s, sd::LamportMailbox::OnFailure::trap);
-    if (g.rank() == 0) expect_timeout_outcome(o, timeout_s);
-  });
+  run_body(
+      [](sd::Group& g, int device) {
+        const double timeout_s = 0.5;
+        const TimeoutOutcome o = skipped_call_times_out(g, device, timeout_s, sd::LamportMailbox::OnFailure::trap);
+        if (g.rank() == 0) expect_timeout_outcome(o, timeout_s);
+      },
+      /*own_gpus=*/true);
 }
 
 }  // namespace

@@ -9,11 +9,15 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 
 namespace spark_decode::testing {
 
 // `draw_seed` runs on rank 0 only; the broadcast seed lands in `seed` before
-// any test runs.
+// any test runs, and in SPARK_TEST_SEED, so that test_seed() (test_seed.h)
+// derives the same seed of a tag on every rank: the bodies fill a rank's
+// payload from it and check every peer's.
 template <typename DrawSeed>
 int mpi_gtest_main(int argc, char** argv, const char* what, DrawSeed draw_seed, uint64_t& seed) {
   MPI_Init(&argc, &argv);
@@ -27,6 +31,7 @@ int mpi_gtest_main(int argc, char** argv, const char* what, DrawSeed draw_seed, 
   }
   MPI_Bcast(&s, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
   seed = s;
+  setenv("SPARK_TEST_SEED", std::to_string(s).c_str(), /*overwrite=*/1);
   int failed = RUN_ALL_TESTS() != 0;
   int any = 0;
   MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);

@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "cpu/run_threads.h"
 #include "enqueue_order.h"
 #include "spark_decode/group.h"
 #include "test_seed.h"
@@ -20,26 +21,20 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+// fn(group, r, fail) on thread r; fail(text) records a failure of rank r.
 template <typename Fn>
 std::vector<std::string> run_ranks(int size, Fn fn) {
   auto shared = sd::InProcessGroup::make_shared(size, std::chrono::seconds(60));
   std::mutex mu;
-  std::vector<std::string> failures;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < size; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        sd::InProcessGroup group(shared, r);
-        fn(group, r, [&](const std::string& f) {
-          std::lock_guard<std::mutex> lock(mu);
-          failures.push_back("rank " + std::to_string(r) + ": " + f);
-        });
-      } catch (const std::exception& e) {
-        std::lock_guard<std::mutex> lock(mu);
-        failures.push_back("rank " + std::to_string(r) + " threw: " + e.what());
-      }
+  std::vector<std::string> failed;
+  std::vector<std::string> failures = sd::testing::run_threads(size, [&](int r) {
+    sd::InProcessGroup group(shared, r);
+    fn(group, r, [&](const std::string& f) {
+      std::lock_guard<std::mutex> lock(mu);
+      failed.push_back("rank " + std::to_string(r) + ": " + f);
     });
-  for (auto& t : threads) t.join();
+  });
+  failures.insert(failures.end(), failed.begin(), failed.end());
   return failures;
 }
 

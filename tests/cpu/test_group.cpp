@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "cpu/run_threads.h"
 #include "reference/mailbox_payload.h"
 #include "spark_decode/error.h"
 #include "spark_decode/group.h"
@@ -28,24 +29,6 @@ std::vector<uint8_t> piece(uint64_t seed, int rank, int round, size_t bytes) {
   return v;
 }
 
-template <typename Fn>
-std::vector<std::string> run_ranks(int size, Fn fn) {
-  std::mutex mu;
-  std::vector<std::string> failures;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < size; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        fn(r);
-      } catch (const std::exception& e) {
-        std::lock_guard<std::mutex> lock(mu);
-        failures.push_back("rank " + std::to_string(r) + " threw: " + e.what());
-      }
-    });
-  for (auto& t : threads) t.join();
-  return failures;
-}
-
 TEST(InProcessGroup, AllGatherAndBarrierOverManyRounds) {
   const uint64_t seed = sd::testing::test_seed("group");
   for (int size : {1, 2, 4, 8}) {
@@ -53,7 +36,7 @@ TEST(InProcessGroup, AllGatherAndBarrierOverManyRounds) {
     std::atomic<int> arrivals{0};
     std::mutex mu;
     std::vector<std::string> mismatches;
-    const auto failures = run_ranks(size, [&](int r) {
+    const auto failures = sd::testing::run_threads(size, [&](int r) {
       sd::InProcessGroup group(shared, r);
       ASSERT_EQ(group.rank(), r);
       ASSERT_EQ(group.size(), size);
@@ -86,7 +69,7 @@ TEST(InProcessGroup, AllGatherAndBarrierOverManyRounds) {
 TEST(InProcessGroup, UnequalSizesAreRefusedOnEveryRank) {
   auto shared = sd::InProcessGroup::make_shared(3, std::chrono::seconds(30));
   std::atomic<int> refused{0};
-  const auto failures = run_ranks(3, [&](int r) {
+  const auto failures = sd::testing::run_threads(3, [&](int r) {
     sd::InProcessGroup group(shared, r);
     std::vector<uint8_t> data(8 + (r == 1));
     try {
@@ -132,7 +115,7 @@ TEST(AllOkOrThrow, OneRanksFailureIsEveryRanks) {
     auto shared = sd::InProcessGroup::make_shared(size, std::chrono::seconds(30));
     std::mutex mu;
     std::vector<std::string> seen(size);
-    const auto failures = run_ranks(size, [&](int r) {
+    const auto failures = sd::testing::run_threads(size, [&](int r) {
       sd::InProcessGroup group(shared, r);
       sd::all_ok_or_throw(group, nullptr, "step 0");  // nobody failed
       const int failing = size - 1;

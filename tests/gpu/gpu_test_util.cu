@@ -66,14 +66,6 @@ std::string peer_gpus_unavailable_reason(int n) {
   return "";
 }
 
-std::string shared_gpu_heavy_reason() {
-  const char* on = std::getenv("SPARK_TEST_SHARED_GPU_HEAVY");
-  if (on && std::string(on) == "1") return "";
-  return "ranks sharing a GPU starve each other's publishers under heavy kernels (spin-wait protocols "
-         "need one GPU per rank); set SPARK_TEST_SHARED_GPU_HEAVY=1 to run it anyway, or run at tp 4 / 8 "
-         "on a machine with that many GPUs";
-}
-
 std::vector<std::string> run_on_gpus(int tp, const std::function<void(Group&, int)>& fn, int devices) {
   if (devices <= 0) devices = tp;
   auto shared = InProcessGroup::make_shared(tp, std::chrono::seconds(60));

@@ -63,15 +63,6 @@ std::vector<uint16_t> random_bf16(size_t count, Dist dist, int scale_log2, std::
 // ("" when they can).
 std::string peer_gpus_unavailable_reason(int n);
 
-// Ranks that share a GPU can starve each other: a consumer spinning on
-// one rank's mailbox, and kernels launched early under programmatic
-// dependent launch, hold SM slots that the same GPU's other rank needs to
-// publish, so heavy multi-kernel tests at tp 4 / 8 on two GPUs time out
-// (seen on two H200s, 2026-12-01). The protocol assumes one GPU per rank.
-// Such tests run only with SPARK_TEST_SHARED_GPU_HEAVY=1; else this says why
-// they skip ("" when they run).
-std::string shared_gpu_heavy_reason();
-
 // Runs fn(group, device) on `tp` threads over one InProcessGroup, thread r on
 // GPU r % devices (devices = 0: tp GPUs, one rank each; fewer GPUs than
 // ranks shares them, which exercises tp 4 and 8 code paths on two GPUs);

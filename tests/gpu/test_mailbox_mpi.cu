@@ -39,21 +39,13 @@ int gpu_count() {
   return count;
 }
 
-// Why the bodies cannot run here ("" where they can). With `own_gpus`, every
-// rank must have a GPU of its own.
+// Why the bodies cannot run here ("" where they can): a GPU at least, and
+// every GPU the ranks use reaching the others peer-to-peer. With `own_gpus`,
+// every rank must have a GPU of its own.
 std::string mpi_gpu_reason(bool own_gpus) {
   const int size = mpi_size();
   if (size < 2) return "needs at least 2 MPI ranks (mpirun -np 2)";
-  std::string why = gpu_unavailable_reason(own_gpus ? size : 1);
-  if (!why.empty()) return why;
-  const int used = std::min(size, gpu_count());
-  for (int a = 0; a < used; ++a)
-    for (int b = 0; b < used; ++b) {
-      int can = 1;
-      if (a != b) CUDA_CHECK(cudaDeviceCanAccessPeer(&can, a, b));
-      if (!can) return "GPUs " + std::to_string(a) + " and " + std::to_string(b) + " cannot access each other peer-to-peer";
-    }
-  return "";
+  return peer_gpus_unavailable_reason(own_gpus ? size : std::max(1, std::min(size, gpu_count())));
 }
 
 // Runs a body on this rank, on GPU rank % count; a rank's failure is

@@ -466,8 +466,7 @@ TEST(PoolerFused, EqualsStockBitForBitTwoGpus) {
 }
 
 TEST(PoolerFused, EqualsStockAtTp4OnTwoGpus) {
-  std::string why = peer_gpus_unavailable_reason(2);
-  if (why.empty()) why = shared_gpu_heavy_reason();
+  const std::string why = peer_gpus_unavailable_reason(2);
   if (!why.empty()) GTEST_SKIP() << why;
   const uint64_t seed = test_seed("fused tp4");
   for (const auto& f : run_on_gpus(4, [&](sd::Group& g, int d) { fused_equals_stock(g, d, 2, seed); }, 2))

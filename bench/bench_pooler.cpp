@@ -84,6 +84,8 @@ void gemm_sweep(const PoolerBenchOptions& o, Report& report, cudaStream_t stream
       std::printf("  %s\n", line);
       report.notes.push_back(line);
     }
+    // What a shared-memory-staged engine can at best reach at this shard.
+    record_stream_bound(report, "pooler_gemm", tp, n, k, copy, copies, o.repeats, stream);
     // The stand-in alone (mode after_stream), chained as the pairs are.
     double standin_us = 0;
     if (standin) {

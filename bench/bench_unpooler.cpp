@@ -167,6 +167,9 @@ std::string bench_unpooler(const UnpoolerBenchOptions& o) {
       std::printf("  %s\n", line);
       report.notes.push_back(line);
     }
+    // What a shared-memory-staged engine can at best reach at this shard.
+    record_stream_bound(report, "unpooler", tp, n, k, [&](int c) { return weights.copy(c); }, weights.copies,
+                        o.repeats, stream);
     // The stand-in alone, chained as in mode after_stream: what each pair's
     // time is over.
     double standin_us = 0;

@@ -74,6 +74,25 @@ std::string bench_gather(const GatherBenchOptions& options);
 
 namespace spark_decode::bench {
 
+struct ConsumerBenchOptions {
+  std::vector<int> tps{1, 2, 4, 8};
+  std::vector<int> bs{1, 2, 4, 8, 16};
+  int calls = 62;   // calls per graph
+  int repeats = 20;  // graph replays per round (median)
+  int rounds = 7;    // interleaved rounds (median)
+  std::string out_dir;
+};
+
+// The Pooler's fused consumer in each output format against the mailbox's
+// plain gather, at the mailbox layouts of tp 1, 2, 4, 8, on one GPU (the tp
+// ranks share it; every consumer runs over data already present). Returns
+// the JSON path.
+std::string bench_consumer(const ConsumerBenchOptions& options);
+
+}  // namespace spark_decode::bench
+
+namespace spark_decode::bench {
+
 // `spark-decode bench unpooler --publish`: at tp GPUs of this process, per m:
 // zero-copy GEMM + gather, plain GEMM + publish + gather, the GEMMs alone,
 // and cuBLAS + ncclAllGather; all CUDA graphs over cold weights. Returns the

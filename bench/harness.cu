@@ -136,6 +136,42 @@ __global__ void __launch_bounds__(kernels::onchip::kMaxThreads)
   ptx::mbarrier_wait_parity(bars + 8 * (warp >> stage_shift), 0);
 }
 
+// The shard streamed with nothing computed, the best of the copy patterns
+// measured on branch exp/stream-diag (enqueue_flat_stream): one CTA per SM,
+// each requesting its whole contiguous chunk in kFlatPieces bulk copies
+// before griddepcontrol.wait, so that all of it is in flight while the
+// previous grid drains; warp w then waits for piece w and the CTA leaves.
+constexpr int kFlatPieces = 8, kFlatThreads = 32 * kFlatPieces, kFlatHeader = 128;
+__host__ __device__ int flat_piece_bytes(size_t bytes, int chunk, int cta, int q) {
+  const size_t at = size_t(cta) * chunk + size_t(q) * (chunk / kFlatPieces);
+  const size_t piece = chunk / kFlatPieces;
+  return at >= bytes ? 0 : static_cast<int>(bytes - at < piece ? bytes - at : piece);
+}
+__global__ void __launch_bounds__(kFlatThreads) flat_stream_kernel(const char* p, size_t bytes, int chunk) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const uint32_t bars = ptx::smem_addr(smem);
+  if (threadIdx.x == 0) {
+    for (int q = 0; q < kFlatPieces; ++q) ptx::mbarrier_init(bars + 8 * q, 1);
+    ptx::fence_mbarrier_init_cluster();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const uint64_t policy = ptx::l2_policy_evict_first();
+    for (int q = 0; q < kFlatPieces; ++q) {
+      const int len = flat_piece_bytes(bytes, chunk, blockIdx.x, q);
+      if (len == 0) continue;
+      const int at = q * (chunk / kFlatPieces);
+      ptx::mbarrier_arrive_expect_tx(bars + 8 * q, len);
+      ptx::bulk_copy_g2s(ptx::smem_addr(smem + kFlatHeader) + at, p + size_t(blockIdx.x) * chunk + at, len,
+                         bars + 8 * q, policy);
+    }
+  }
+  ptx::griddep_wait();
+  ptx::griddep_launch_dependents();
+  const int q = threadIdx.x >> 5;
+  if (flat_piece_bytes(bytes, chunk, blockIdx.x, q) > 0) ptx::mbarrier_wait_parity(bars + 8 * q, 0);
+}
+
 // The stand-in predecessor (StandIn): wait, let the next grid launch, then
 // one 16-byte coherent load per thread per iteration, grid-stride; the XOR
 // keeps the loads live without a store per element.
@@ -242,6 +278,49 @@ void enqueue_onchip_stream(const void* w, int n, int k, int splits, int kw, int 
   shape.cluster_y = splits;
   shape.enable_pdl = pdl;
   kernels::launch(onchip_stream_kernel, shape, stream, static_cast<const __nv_bfloat16*>(w), k, kw, shift);
+}
+
+// Chunk bytes per CTA of the flat stream: the shard over one CTA per SM, in
+// 16-byte multiples per piece; 0 where that does not fit shared memory.
+static int flat_stream_chunk(size_t bytes) {
+  const size_t sms = device_attribute(cudaDevAttrMultiProcessorCount), quantum = 16 * kFlatPieces;
+  const size_t chunk = ((bytes + sms - 1) / sms + quantum - 1) / quantum * quantum;
+  const size_t room = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin) - kFlatHeader;
+  return chunk <= room ? static_cast<int>(chunk) : 0;
+}
+
+bool flat_stream_fits(size_t bytes) { return bytes % 16 == 0 && flat_stream_chunk(bytes) > 0; }
+
+void prepare_flat_stream() {
+  CUDA_CHECK(cudaFuncSetAttribute(flat_stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)));
+}
+
+void enqueue_flat_stream(const void* p, size_t bytes, bool pdl, cudaStream_t stream) {
+  const int chunk = flat_stream_chunk(bytes);
+  SPARK_CHECK(bytes % 16 == 0 && chunk > 0, "flat stream: ", bytes, " bytes do not fit one CTA per SM");
+  kernels::LaunchShape shape;
+  shape.grid = dim3(static_cast<unsigned>((bytes + chunk - 1) / chunk));
+  shape.block = dim3(kFlatThreads);
+  shape.smem_bytes = kFlatHeader + chunk;
+  shape.enable_pdl = pdl;
+  kernels::launch(flat_stream_kernel, shape, stream, static_cast<const char*>(p), bytes, chunk);
+}
+
+void record_stream_bound(Report& report, const std::string& op, int tp, int n, int k,
+                         const std::function<const void*(int)>& copy, int copies, int repeats, cudaStream_t stream) {
+  const size_t bytes = size_t{2} * n * k;
+  if (!flat_stream_fits(bytes)) return;
+  prepare_flat_stream();
+  const double floor = floor_us(bytes, report.hbm_read_TBps);
+  const char* const variant = "bare bulk stream: one CTA per SM, whole chunk in flight before the wait, nothing computed";
+  for (bool pdl : {false, true}) {
+    const double us =
+        time_graph([&](cudaStream_t s, int c) { enqueue_flat_stream(copy(c), bytes, pdl, s); }, copies, repeats, stream);
+    report.records.push_back({op, "bound", variant, pdl ? "pdl_chain" : "graph", tp, 0, n, k, us, floor});
+    std::printf("  bound (%s, %s): %.2f us, %.0f%% of floor\n", variant, pdl ? "PDL chain" : "PDL off", us,
+                100 * floor / us);
+  }
 }
 
 StandIn::StandIn(size_t bytes, int smem_bytes)

@@ -134,6 +134,25 @@ void prepare_onchip_stream();
 void enqueue_onchip_stream(const void* w, int n, int k, int splits, int kw, int stage_warps, bool pdl,
                            cudaStream_t stream);
 
+// The bound of an engine that stages its shard through shared memory: the
+// shard's `bytes` streamed with nothing computed, one CTA per SM, each
+// requesting its whole contiguous chunk with bulk copies before
+// griddepcontrol.wait (the best copy pattern measured, docs/perf/onchip.md);
+// with `pdl`, launched with programmatic dependent launch like the GEMMs.
+// flat_stream_fits: whether one SM's share of `bytes` fits its shared memory
+// (the tp 4 and tp 8 shards do; larger ones are skipped). Call
+// prepare_flat_stream() once per device first (not under capture).
+bool flat_stream_fits(size_t bytes);
+void prepare_flat_stream();
+void enqueue_flat_stream(const void* p, size_t bytes, bool pdl, cudaStream_t stream);
+
+// Records op's bound at this shard (impl "bound", m 0, modes graph and
+// pdl_chain): the flat stream of copy(c)'s `bytes` over `copies` cold copies,
+// in the same graph method as the GEMMs; prints it. Nothing where the shard
+// does not fit (flat_stream_fits).
+void record_stream_bound(Report& report, const std::string& op, int tp, int n, int k,
+                         const std::function<const void*(int)>& copy, int copies, int repeats, cudaStream_t stream);
+
 // A bandwidth-heavy predecessor standing in for the routed experts: each call
 // streams `bytes` of one of kBuffers distinct buffers (together more than the
 // L2), one CTA per SM holding `smem_bytes` of shared memory as an expert

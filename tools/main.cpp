@@ -220,6 +220,15 @@ int main(int argc, char** argv) {
   bench_gather->add_option("--width", gather_opts.widths, "per-rank widths (default P/tp, H/tp)")->delimiter(',');
   bench_gather->add_option("--repeats", gather_opts.repeats, "graph replays per figure (median)");
   bench_gather->add_option("--out", gather_opts.out_dir, out_help);
+  sd::bench::ConsumerBenchOptions consumer_opts;
+  consumer_opts.out_dir = opts.out_dir;
+  auto* bench_consumer = bench->add_subcommand(
+      "consumer", "the Pooler's fused consumer in each format against the plain gather, tp 1-8 widths (one GPU)");
+  bench_consumer->add_option("--tp", consumer_opts.tps, "mailbox layouts: tp ranks sharing the GPU")->delimiter(',');
+  bench_consumer->add_option("--b", consumer_opts.bs, "rows per call")->delimiter(',');
+  bench_consumer->add_option("--rounds", consumer_opts.rounds, "interleaved rounds of the variants (median)");
+  bench_consumer->add_option("--repeats", consumer_opts.repeats, "graph replays per round (median)");
+  bench_consumer->add_option("--out", consumer_opts.out_dir, out_help);
   auto* tune = app.add_subcommand("tune", "time every valid tactic (to choose the tactic table)");
   tune->require_subcommand(1);
   auto* tune_unpooler = tune->add_subcommand("unpooler", "every unpooler tactic at the model's shapes");
@@ -265,7 +274,7 @@ int main(int argc, char** argv) {
     c->add_option("--repeats", opts.repeats, "graph replays per figure (median)");
     c->add_option("--out", opts.out_dir, out_help);
   }
-  for (CLI::App* c : {bench_unpooler, bench_gather, bench_pooler, tune_unpooler, tune_pooler})
+  for (CLI::App* c : {bench_unpooler, bench_gather, bench_consumer, bench_pooler, tune_unpooler, tune_pooler})
     c->add_flag("--json", json, "print the paths written as JSON");
   CLI11_PARSE(app, argc, argv);
 
@@ -354,6 +363,11 @@ int main(int argc, char** argv) {
       if (int rc = require_gpu()) return rc;
       std::filesystem::create_directories(gather_opts.out_dir);
       return wrote(sd::bench::bench_gather(gather_opts));
+    }
+    if (*bench_consumer) {
+      if (int rc = require_gpu()) return rc;
+      std::filesystem::create_directories(consumer_opts.out_dir);
+      return wrote(sd::bench::bench_consumer(consumer_opts));
     }
     if (*profile_unpooler) {
       if (int rc = require_gpu()) return rc;

@@ -34,11 +34,6 @@
 namespace spark_decode::bench {
 namespace {
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // The consumers timed: the plain gather (BF16 rows, nothing computed) and
 // the fused consumer in each output format.
 struct Variant {

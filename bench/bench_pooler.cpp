@@ -30,6 +30,9 @@ namespace {
 // (records "run (PDL; <this>)", which tools/rank_pooler.py reads).
 const char* const kEarly = "the consumer launching the next kernel at its start";
 const char* const kLate = "the consumer launching the next kernel once its data arrived";
+// Interleaved rounds of Pooler.run's variants (median).
+constexpr int kRounds = 5;
+
 
 // Whether an engine's name starts with one of the prefixes (none: all).
 bool selected(const std::vector<std::string>& prefixes, const std::string& name) {
@@ -241,26 +244,33 @@ void pooler_vs_stock(const PoolerBenchOptions& o, int tp, Report& report) {
           cudaGraphExec_t stock = capture_graph(stream, L - 2, [&] { stock_call(1 + layer++ % (L - 2)); });
           const double stock_us = time_replays(group, stock, stream, L - 2, o.repeats);
           CUDA_CHECK(cudaGraphExecDestroy(stock));
-          layer = 0;
-          cudaGraphExec_t ours = capture_graph(stream, L - 2, [&] { pooler.run(1 + layer++ % (L - 2), x.get(), b, stream); });
-          const double spark_us = time_replays(group, ours, stream, L - 2, o.repeats);
+          // Ours and every forced variant, timed in interleaved rounds (each
+          // graph once per round, the median over rounds): variants a few
+          // tenths of a microsecond apart are otherwise confounded with the
+          // machine's drift over the minutes between their turns.
+          std::vector<Pooler*> poolers = {&pooler};
+          for (auto& f : forced) poolers.push_back(f.second.get());
+          std::vector<cudaGraphExec_t> graphs;
+          for (Pooler* p : poolers) {
+            layer = 0;
+            graphs.push_back(capture_graph(stream, L - 2, [&] { p->run(1 + layer++ % (L - 2), x.get(), b, stream); }));
+          }
+          std::vector<std::vector<double>> rounds(graphs.size());
+          for (int round = 0; round < kRounds; ++round)
+            for (size_t i = 0; i < graphs.size(); ++i)
+              rounds[i].push_back(time_replays(group, graphs[i], stream, L - 2, o.repeats));
           const bool tracing = !o.trace.empty() && b == o.bs.front();
           const std::string trace_path = o.trace + "_tp" + std::to_string(tp) + "_b" + std::to_string(b) + "_rank" +
                                          std::to_string(rank);
-          if (tracing) trace_replay(ours, stream, trace_path + "_run.csv", [&] { group.barrier(); });
-          pooler.mailbox().synchronize(stream);
-          CUDA_CHECK(cudaGraphExecDestroy(ours));
-          for (auto& [name, forced_pooler] : forced) {
-            layer = 0;
-            cudaGraphExec_t g =
-                capture_graph(stream, L - 2, [&] { forced_pooler->run(1 + layer++ % (L - 2), x.get(), b, stream); });
-            const double us = time_replays(group, g, stream, L - 2, o.repeats);
-            forced_pooler->mailbox().synchronize(stream);
-            CUDA_CHECK(cudaGraphExecDestroy(g));
-            if (rank == 0) {
-              std::lock_guard<std::mutex> lock(mu);
-              forced_results[{b, name}] = us;
-            }
+          if (tracing) trace_replay(graphs[0], stream, trace_path + "_run.csv", [&] { group.barrier(); });
+          for (size_t i = 0; i < graphs.size(); ++i) {
+            poolers[i]->mailbox().synchronize(stream);
+            CUDA_CHECK(cudaGraphExecDestroy(graphs[i]));
+          }
+          const double spark_us = median(rounds[0]);
+          if (rank == 0) {
+            std::lock_guard<std::mutex> lock(mu);
+            for (size_t i = 1; i < graphs.size(); ++i) forced_results[{b, forced[i - 1].first}] = median(rounds[i]);
           }
           // The same calls as three kernels (the publish kernel between GEMM
           // and gather): what run() did before the GEMM's epilogue published.

@@ -194,13 +194,14 @@ int device_attribute(cudaDeviceAttr attr) {
   return value;
 }
 
+
+}  // namespace
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
-
-}  // namespace
 
 DeviceMemory::DeviceMemory(size_t bytes) { CUDA_CHECK(cudaMalloc(&p_, bytes)); }
 DeviceMemory::~DeviceMemory() {

@@ -41,6 +41,9 @@ struct Report {
 // of `repeats` in TB/s (10^12 bytes per second).
 double measure_hbm_read_TBps(size_t bytes = size_t{4} << 30, int repeats = 20);
 
+// The median (of an even count, the mean of the middle two).
+double median(std::vector<double> v);
+
 // Microseconds to read `bytes` at `tbps` TB/s: a record's floor_us.
 inline double floor_us(size_t bytes, double tbps) { return bytes / (tbps * 1e12) * 1e6; }
 

@@ -56,11 +56,8 @@ struct GatherNormArgs {
 // kPoisonScale (E4M3 NaN) over its NVFP4 codes.
 inline constexpr uint8_t kPoisonScale = 0x7f;
 // The swizzled format's extra CTAs, past the b row CTAs: they store the
-// scale tiles' zero padding. One: in a PDL chain every CTA of this grid
-// must start before the next layer's GEMM may launch and stream its
-// weights, so each extra CTA costs the chain more than its stores save
-// (docs/perf/consumer.md, "Output formats").
-inline constexpr int kSwizzlePadCtas = 1;
+// scale tiles' zero padding.
+inline constexpr int kSwizzlePadCtas = 8;
 template <int FORMAT>
 __global__ void gather_norm_kernel(const GatherNormArgs a) {
   SPARK_TRACE_CTA(kGatherNorm);
@@ -91,12 +88,12 @@ __global__ void gather_norm_kernel(const GatherNormArgs a) {
   const int scale_cols = cols / 16;  // a multiple of 32 (P % 512 == 0): no padding columns
   if constexpr (FORMAT == kFormatNvfp4Swizzled) {
     // The zero padding of the swizzled scales: no data of this call goes
-    // into it, so the grid's extra CTA(s) (blockIdx.x >= b) store it, after
-    // the wait (the previous grid may still read the call before's
-    // outputs), and leave: on another SM, not on the row CTAs' path from
-    // their data's arrival (a row CTA storing the whole 32 KiB tile band
-    // as well delays its own mailbox loads). The swizzled tile of scale
-    // columns [4q, 4q + 4) (512 bytes)
+    // into it, so the grid's kSwizzlePadCtas extra CTAs (blockIdx.x >= b)
+    // store it, after the wait (the previous grid may still read the call
+    // before's outputs), and leave: spread over several SMs, not on the
+    // row CTAs' path from their data's arrival (at b = 1 one SM storing
+    // the whole 32 KiB tile band cost more than the rest of the kernel's
+    // stores). The swizzled tile of scale columns [4q, 4q + 4) (512 bytes)
     // holds row r's 4 bytes at 16 (r % 32) + 4 ((r % 128) / 32): with b <=
     // 32 (checked on the host) 16-byte piece j < b is row j's 4 scales then
     // zeros (rows j + 32, + 64, + 96: padding, stored with the scales

@@ -27,7 +27,7 @@ void launch_mailbox_gather(const MailboxView& mb, void* out, int b, int threads,
 // NVFP4 formats, whose global scale it reads.
 void launch_gather_norm(const MailboxView& mb, OutputFormat format, const void* norm_weight, const float* global_scale,
                         float eps, float gain_center, void* normed, void* a, void* a_sf, int b, bool enable_pdl,
-                        bool launch_next_early, cudaStream_t stream);
+                        bool launch_next_early, bool pad_before_wait, cudaStream_t stream);
 // Loads the norm kernels (ExpertNorm's, the stock quantizer's, the fused
 // consumer's) now: lazy loading would do it at the first launch, possibly
 // under capture, and loading a module may wait for the device to go idle,

@@ -36,7 +36,7 @@ void launch_expert_norm(const void* x, const void* weight, void* y, int rows, in
 template <int FORMAT>
 void launch_gather_norm_format(const kernels::GatherNormArgs& args, int cols, bool enable_pdl, cudaStream_t stream) {
   kernels::LaunchShape shape;
-  shape.grid = dim3(args.b + (FORMAT == kernels::kFormatNvfp4Swizzled ? kernels::kSwizzlePadCtas : 0));
+  shape.grid = dim3(args.b + (FORMAT == kernels::kFormatNvfp4Swizzled ? args.pad_ctas : 0));
   shape.block = dim3(kernels::norm::threads_for(cols));
   shape.enable_pdl = enable_pdl;
   kernels::launch(kernels::gather_norm_kernel<FORMAT>, shape, stream, args);
@@ -44,7 +44,7 @@ void launch_gather_norm_format(const kernels::GatherNormArgs& args, int cols, bo
 
 void launch_gather_norm(const MailboxView& mb, OutputFormat format, const void* norm_weight, const float* global_scale,
                         float eps, float gain_center, void* normed, void* a, void* a_sf, int b, bool enable_pdl,
-                        bool launch_next_early, cudaStream_t stream) {
+                        bool launch_next_early, bool pad_before_wait, cudaStream_t stream) {
   static_assert(int(OutputFormat::bf16) == kernels::kFormatBf16 && int(OutputFormat::nvfp4) == kernels::kFormatNvfp4 &&
                     int(OutputFormat::nvfp4_swizzled) == kernels::kFormatNvfp4Swizzled,
                 "keep the kernel's format numbers in step with OutputFormat");
@@ -59,6 +59,8 @@ void launch_gather_norm(const MailboxView& mb, OutputFormat format, const void* 
   args.eps = eps;
   args.gain_center = gain_center;
   args.launch_next_early = launch_next_early ? 1 : 0;
+  args.pad_before_wait = pad_before_wait ? 1 : 0;
+  args.pad_ctas = kernels::kSwizzlePadCtas;
   const int cols = mb.tp * mb.width;
   switch (format) {
     case OutputFormat::bf16: launch_gather_norm_format<kernels::kFormatBf16>(args, cols, enable_pdl, stream); break;

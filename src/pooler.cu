@@ -119,8 +119,7 @@ void gather_norm(LamportMailbox& mb, const void* norm_weight, const float* globa
   mb.before_consume(stream);
   detail::launch_gather_norm(mb.view(), out.format, norm_weight, global_scale, eps, gain_center, out.normed.data,
                              out.a.data, out.a_sf.data, b, enable_pdl && !mb.shares_device(),
-                             launch_next_early && !mb.shares_device(),
-                             stream);
+                             launch_next_early && !mb.shares_device(), /*pad_before_wait=*/false, stream);
 }
 
 // One attached layer: its views and its GEMM (prepared for every batch).
@@ -390,14 +389,18 @@ void Pooler::publish(int b, cudaStream_t stream) {
   mailbox_->publish_enqueued();
 }
 
-// The consumer of (layer, b) into `out`, in the layer's format.
-void Pooler::consume(int layer, int b, const PoolerStep& st, const PoolerOutput& out, cudaStream_t stream) {
+// The consumer of (layer, b) into `out`, in the layer's format. after_own:
+// the grid before it is this Pooler's GEMM or publish (run), which lets it
+// store the swizzled scales' padding before its wait (gather_norm.cuh,
+// pad_before_wait); after a caller's kernels (gather) it may not.
+void Pooler::consume(int layer, int b, const PoolerStep& st, const PoolerOutput& out, bool after_own,
+                     cudaStream_t stream) {
   const PoolerLayer& spec = layers_[layer]->spec;
   mailbox_->before_consume(stream);
   detail::launch_gather_norm(tagged_view(layer), out.format, spec.norm_weight.data,
                              spec.global_scale ? static_cast<const float*>(spec.global_scale->data) : nullptr,
                              spec.eps, spec.gain_center, out.normed.data, out.a.data, out.a_sf.data, b, enable_pdl_,
-                             st.consumer == ConsumerLaunch::early && !mailbox_->shares_device(), stream);
+                             st.consumer == ConsumerLaunch::early && !mailbox_->shares_device(), after_own, stream);
 }
 
 PoolerOutput Pooler::scratch_outputs(int layer, int b) const {
@@ -417,14 +420,14 @@ PoolerOutput Pooler::scratch_outputs(int layer, int b) const {
 PoolerOutput Pooler::gather(int layer, int b, cudaStream_t stream) {
   const PoolerStep& st = check_call(layer, b, "gather");
   const PoolerOutput out = scratch_outputs(layer, b);
-  consume(layer, b, st, out, stream);
+  consume(layer, b, st, out, /*after_own=*/false, stream);
   return out;
 }
 
 void Pooler::gather(int layer, int b, const PoolerOutput& out, cudaStream_t stream) {
   const PoolerStep& st = check_call(layer, b, "gather");
   check_outputs(layer, b, out, shard_);
-  consume(layer, b, st, out, stream);
+  consume(layer, b, st, out, /*after_own=*/false, stream);
 }
 
 // project + publish + gather: one lookup of b's plan and one validation,
@@ -442,7 +445,7 @@ PoolerOutput Pooler::run(int layer, const void* x, int b, cudaStream_t stream) {
                                    stream);
     mailbox_->publish_enqueued();
   }
-  consume(layer, b, st, out, stream);
+  consume(layer, b, st, out, /*after_own=*/true, stream);
   return out;
 }
 
@@ -463,7 +466,7 @@ void Pooler::run(int layer, const TensorRef& x, const PoolerOutput& out, cudaStr
                                    stream);
     mailbox_->publish_enqueued();
   }
-  consume(layer, b, st, out, stream);
+  consume(layer, b, st, out, /*after_own=*/true, stream);
 }
 
 void Pooler::warm_up(cudaStream_t stream) {

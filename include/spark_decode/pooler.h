@@ -274,7 +274,7 @@ class Pooler {
   // The one validation of a call: layer attached, b (its plan), the device.
   const PoolerStep& check_call(int layer, int b, const char* what) const;
   void check_outputs(int layer, int b, const PoolerOutput& out, const void* x) const;
-  void consume(int layer, int b, const PoolerStep& step, const PoolerOutput& out, cudaStream_t stream);
+  void consume(int layer, int b, const PoolerStep& step, const PoolerOutput& out, bool after_own, cudaStream_t stream);
   PoolerOutput scratch_outputs(int layer, int b) const;
 
   Group* group_;

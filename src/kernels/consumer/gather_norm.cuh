@@ -38,6 +38,16 @@ struct GatherNormArgs {
   // (device.cuh, ordering 6); the plan table's consumer launch point picks by
   // measurement (docs/perf/consumer.md).
   int launch_next_early;
+  // The swizzled scales' padding stored before the wait (1) or after it (0).
+  // Before is safe only where the previous grid is the Pooler's own GEMM or
+  // publish (Pooler::run): it triggers this grid only after its own
+  // griddepcontrol.wait, so every grid before it, among them any reader of
+  // the call before's outputs, has completed (docs/design.md, "Outputs before
+  // the wait").
+  // After a caller's kernel, which may trigger at its start and still read
+  // those outputs, the padding waits like every other store.
+  int pad_before_wait;
+  int pad_ctas;  // the swizzled format's pad CTAs (kSwizzlePadCtas)
 };
 
 // Grid (b), plus kSwizzlePadCtas for the swizzled scales' padding; block
@@ -47,17 +57,35 @@ struct GatherNormArgs {
 // the row's mean(x^2), normalises and stores its 16 normed values or
 // quantizes them as one NVFP4 block (with the swizzled scales, the zeros of
 // rows i + 32, + 64, + 96 beside row i's scales; the other padding is the
-// extra CTAs'). Every
-// output store follows
-// griddepcontrol.wait: the previous grid may still read the outputs of the
-// call before. A row any of whose vectors could not be read (the mailbox
-// failed: device.cuh, record_failure) is stored poisoned: BF16 NaN
-// (0xFFFF) in every normed value, or every scale byte of the row
-// kPoisonScale (E4M3 NaN) over its NVFP4 codes.
+// extra CTAs'). Every output store follows griddepcontrol.wait (the
+// previous grid may still read the outputs of the call before), but the
+// padding's where pad_before_wait lets it precede the wait. A row any of
+// whose vectors could not be read (the mailbox failed: device.cuh,
+// record_failure) is stored poisoned: BF16 NaN (0xFFFF) in every normed
+// value, or every scale byte of the row kPoisonScale (E4M3 NaN) over its
+// NVFP4 codes.
 inline constexpr uint8_t kPoisonScale = 0x7f;
 // The swizzled format's extra CTAs, past the b row CTAs: they store the
-// scale tiles' zero padding.
+// scale tiles' zero padding. Eight spread its stores over as many SMs; in
+// Pooler::run they store it before the wait, while the GEMM before them
+// still runs, and leave, so they hold nothing up (docs/perf/consumer.md,
+// "Output formats").
 inline constexpr int kSwizzlePadCtas = 8;
+
+// The zero padding of the swizzled scales, by pad CTA `pad` of
+// a.pad_ctas: no data of this call goes into it. The swizzled tile of
+// scale columns [4q, 4q + 4) (512 bytes) holds row r's 4 bytes at
+// 16 (r % 32) + 4 ((r % 128) / 32): with b <= 32 (checked on the host)
+// 16-byte piece j < b is row j's 4 scales then zeros (rows j + 32, + 64,
+// + 96: padding, stored with the scales by row j's CTA), and pieces j >= b
+// are all padding: these.
+__device__ __forceinline__ void store_swizzle_padding(const GatherNormArgs& a, int scale_cols, int pad) {
+  uint4* const sf_pieces = reinterpret_cast<uint4*>(a.a_sf);  // [tiles][32] pieces of the first band
+  const int pieces = scale_cols / 4 * 32;
+  for (int f = pad * blockDim.x + threadIdx.x; f < pieces; f += a.pad_ctas * blockDim.x)
+    if ((f & 31) >= a.b) sf_pieces[f] = make_uint4(0, 0, 0, 0);
+}
+
 template <int FORMAT>
 __global__ void gather_norm_kernel(const GatherNormArgs a) {
   SPARK_TRACE_CTA(kGatherNorm);
@@ -68,6 +96,20 @@ __global__ void gather_norm_kernel(const GatherNormArgs a) {
   const int t = threadIdx.x, row = blockIdx.x;
   const int cols = layout.tp * layout.width;
   const int source = 16 * t / layout.width, col = 16 * t % layout.width;
+  if constexpr (FORMAT == kFormatNvfp4Swizzled) {
+    if (row >= a.b) {
+      // A pad CTA: the padding, then leave (its exit lets the next grid
+      // launch as a trigger would). Not on the row CTAs' path from their
+      // data's arrival: at b = 1 one SM storing the whole tile band cost
+      // more than the rest of the kernel's stores.
+      if (!a.pad_before_wait) {
+        if (a.launch_next_early) ptx::griddep_launch_dependents();
+        ptx::griddep_wait();
+      }
+      store_swizzle_padding(a, cols / 16, row - a.b);
+      return;
+    }
+  }
   // Model parameters no grid writes: read before the wait.
   float w[16];
   nvfp4::bf16x8_to_float(ptx::ld_v4(a.weight + 16 * t), w);
@@ -86,26 +128,6 @@ __global__ void gather_norm_kernel(const GatherNormArgs a) {
   ptx::griddep_wait();
   SPARK_TRACE_WAITED();
   const int scale_cols = cols / 16;  // a multiple of 32 (P % 512 == 0): no padding columns
-  if constexpr (FORMAT == kFormatNvfp4Swizzled) {
-    // The zero padding of the swizzled scales: no data of this call goes
-    // into it, so the grid's kSwizzlePadCtas extra CTAs (blockIdx.x >= b)
-    // store it, after the wait (the previous grid may still read the call
-    // before's outputs), and leave: spread over several SMs, not on the
-    // row CTAs' path from their data's arrival (at b = 1 one SM storing
-    // the whole 32 KiB tile band cost more than the rest of the kernel's
-    // stores). The swizzled tile of scale columns [4q, 4q + 4) (512 bytes)
-    // holds row r's 4 bytes at 16 (r % 32) + 4 ((r % 128) / 32): with b <=
-    // 32 (checked on the host) 16-byte piece j < b is row j's 4 scales then
-    // zeros (rows j + 32, + 64, + 96: padding, stored with the scales
-    // below), and pieces j >= b are all padding.
-    if (row >= a.b) {
-      uint4* const sf_pieces = reinterpret_cast<uint4*>(a.a_sf);  // [tiles][32] pieces of the first band
-      const int pieces = scale_cols / 4 * 32;
-      for (int f = (row - a.b) * blockDim.x + t; f < pieces; f += kSwizzlePadCtas * blockDim.x)
-        if ((f & 31) >= a.b) sf_pieces[f] = make_uint4(0, 0, 0, 0);
-      return;
-    }
-  }
   const float global_scale = FORMAT == kFormatBf16 ? 0.0f : *a.global_scale;
   const uint4 state = mailbox_dev::read_state(mb.state);
   const uint32_t active = state.y;

@@ -44,6 +44,10 @@ KERNELS = {
     # The on-chip engine loads nothing before the wait (BULK_BEFORE_WAIT).
     "17onchip_mma_kernel": (0, False),
     # The fused consumer reads its norm weight (a parameter) before the wait.
+    # (Its swizzled variant's pad CTAs may store the zero padding of the
+    # scales before it, in Pooler::run: an early-return branch of their own,
+    # outside the row CTAs' path this checks; design.md, "Outputs before the
+    # wait".)
     "18gather_norm_kernel": (2, False),
     # The mailbox's own kernels read nothing before it.
     "22mailbox_publish_kernel": (0, False),

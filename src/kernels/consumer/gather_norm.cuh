@@ -96,19 +96,16 @@ __global__ void gather_norm_kernel(const GatherNormArgs a) {
   const int t = threadIdx.x, row = blockIdx.x;
   const int cols = layout.tp * layout.width;
   const int source = 16 * t / layout.width, col = 16 * t % layout.width;
-  if constexpr (FORMAT == kFormatNvfp4Swizzled) {
-    if (row >= a.b) {
-      // A pad CTA: the padding, then leave (its exit lets the next grid
-      // launch as a trigger would). Not on the row CTAs' path from their
-      // data's arrival: at b = 1 one SM storing the whole tile band cost
-      // more than the rest of the kernel's stores.
-      if (!a.pad_before_wait) {
-        if (a.launch_next_early) ptx::griddep_launch_dependents();
-        ptx::griddep_wait();
-      }
-      store_swizzle_padding(a, cols / 16, row - a.b);
-      return;
-    }
+  // A pad CTA (swizzled format, blockIdx.x >= b) stores the padding and
+  // leaves (its exit lets the next grid launch as a trigger would): here,
+  // before the wait, where pad_before_wait allows it, else right after the
+  // wait below. Not on the row CTAs' path from their data's arrival: at
+  // b = 1 one SM storing the whole tile band cost more than the rest of the
+  // kernel's stores.
+  const bool pad = FORMAT == kFormatNvfp4Swizzled && row >= a.b;
+  if (pad && a.pad_before_wait) {
+    store_swizzle_padding(a, cols / 16, row - a.b);
+    return;
   }
   // Model parameters no grid writes: read before the wait.
   float w[16];
@@ -128,6 +125,10 @@ __global__ void gather_norm_kernel(const GatherNormArgs a) {
   ptx::griddep_wait();
   SPARK_TRACE_WAITED();
   const int scale_cols = cols / 16;  // a multiple of 32 (P % 512 == 0): no padding columns
+  if (pad) {
+    store_swizzle_padding(a, scale_cols, row - a.b);
+    return;
+  }
   const float global_scale = FORMAT == kFormatBf16 ? 0.0f : *a.global_scale;
   const uint4 state = mailbox_dev::read_state(mb.state);
   const uint32_t active = state.y;

@@ -302,41 +302,45 @@ std::string tune_onchip(const UnpoolerBenchOptions& o) {
       for (int kw : kOnchipKws)
         for (int accs = 1; accs <= kOnchipMaxAccs; ++accs)
           for (int g : {1, 2, 4, 8, 16})
-            for (bool balance : {false, true}) {
-              OnchipTactic t = onchip_tactic(o.pooler_shapes ? PlanOp::pooler : PlanOp::unpooler, n, k);
-              t.splits = s;
-              t.kw = kw;
-              t.accs = accs;
-              t.stage_warps = g;
-              t.cluster_balance = balance;
-              if ((balance && s == 1) || onchip_unsupported(n, k, t) || !wanted(o.splits, s) || !wanted(o.kws, kw) ||
-                  !wanted(o.accs, accs) || !wanted(o.stage_warps, g))
-                continue;
-              Unpooler::Options opt;
-              opt.enable_pdl = o.pdl || o.after_stream;
-              opt.engine = GemmEngine::onchip_mma;
-              opt.onchip = t;
-              std::vector<Unpooler> u;
-              try {
-                u = weights.unpoolers(opt);
-              } catch (const RuntimeError& e) {  // the device cannot hold it (clusters, shared memory)
-                std::printf("  tp %d: %s cannot run: %s\n", tp, t.to_string().c_str(), e.what());
-                continue;
+            for (bool balance : {false, true})
+              for (int rows : {1, 2}) {
+                OnchipTactic t = onchip_tactic(o.pooler_shapes ? PlanOp::pooler : PlanOp::unpooler, n, k);
+                t.splits = s;
+                t.kw = kw;
+                t.accs = accs;
+                t.stage_warps = g;
+                t.cluster_balance = balance;
+                // Two row tiles where the token tile is 16 (the only m they serve).
+                for (int m = 1; m <= kMaxBatch; ++m) t.row_tiles[m - 1] = t.token_tile[m - 1] == 16 ? rows : 1;
+                if ((balance && s == 1) || onchip_unsupported(n, k, t) || !wanted(o.splits, s) ||
+                    !wanted(o.kws, kw) || !wanted(o.accs, accs) || !wanted(o.stage_warps, g) ||
+                    !wanted(o.onchip_rows, rows))
+                  continue;
+                Unpooler::Options opt;
+                opt.enable_pdl = o.pdl || o.after_stream;
+                opt.engine = GemmEngine::onchip_mma;
+                opt.onchip = t;
+                std::vector<Unpooler> u;
+                try {
+                  u = weights.unpoolers(opt);
+                } catch (const RuntimeError& e) {  // the device cannot hold it (clusters, shared memory)
+                  std::printf("  tp %d: %s cannot run: %s\n", tp, t.to_string().c_str(), e.what());
+                  continue;
+                }
+                const std::string name = "onchip_mma " + t.to_string();
+                std::string line;
+                double sum = 0;
+                for (int m : o.ms) {
+                  const double us = time_calls(u, m);
+                  report.records.push_back({"unpooler", "spark", name, mode, tp, m, n, k, us, floor});
+                  sum += us;
+                  char buf[32];
+                  std::snprintf(buf, sizeof buf, " m%d=%.2f", m, us);
+                  line += buf;
+                }
+                std::printf("  tp %d: %s%s\n", tp, name.c_str(), line.c_str());
+                ranking.emplace(sum / o.ms.size(), name + line);
               }
-              const std::string name = "onchip_mma " + t.to_string();
-              std::string line;
-              double sum = 0;
-              for (int m : o.ms) {
-                const double us = time_calls(u, m);
-                report.records.push_back({"unpooler", "spark", name, mode, tp, m, n, k, us, floor});
-                sum += us;
-                char buf[32];
-                std::snprintf(buf, sizeof buf, " m%d=%.2f", m, us);
-                line += buf;
-              }
-              std::printf("  tp %d: %s%s\n", tp, name.c_str(), line.c_str());
-              ranking.emplace(sum / o.ms.size(), name + line);
-            }
     std::printf("tp %d (N=%d K=%d, floor %.2f us, %s): on-chip tactics by mean us over m\n", tp, n, k, floor, mode);
     int shown = 0;
     for (const auto& [mean, text] : ranking) {

@@ -24,10 +24,11 @@ struct UnpoolerBenchOptions {
   // after_stream, PDL on) instead.
   bool after_stream = false;
   // tune: the on-chip engine's tactics (S, kw, accs, copy stages, cluster
-  // policy; filtered by splits, kws, accs, stage_warps) instead of the
-  // split-K engine's; written as onchip_tune[_pooler_shapes][_pdl].
+  // policy, row tiles at token tile 16; filtered by splits, kws, accs,
+  // stage_warps, onchip_rows) instead of the split-K engine's; written as
+  // onchip_tune[_pooler_shapes][_pdl].
   bool onchip = false;
-  std::vector<int> stage_warps;
+  std::vector<int> stage_warps, onchip_rows;
   // bench: non-empty: also record one replay of the PDL-chain graph of each
   // tp at the first m (spark_decode/trace.h; a -DSPARK_DECODE_TRACE=ON
   // build) into <trace>_unpooler_tp<tp>_m<m>.csv.

@@ -143,7 +143,7 @@ bool Unpooler::prepared(int tile, int row_tiles) const {
   SPARK_CHECK((tile == 8 || tile == 16) &&
                   std::find(kSplitKRowTiles.begin(), kSplitKRowTiles.end(), row_tiles) != kSplitKRowTiles.end(),
               "no unpooler kernel for token tile ", tile, " and ", row_tiles, " row tiles (tiles 8, 16; row tiles 1, 2)");
-  return (onchip_engine_ && row_tiles == 1 && onchip_engine_->prepared(tile)) ||
+  return (onchip_engine_ && onchip_engine_->prepared(tile, row_tiles)) ||
          (engine_ && engine_->prepared(tile, row_tiles));
 }
 
@@ -162,13 +162,13 @@ void Unpooler::run(const void* x, void* out, int m, cudaStream_t stream) {
   if (ticket_) detail::require_disjoint(out, out_bytes, ticket_, sizeof(int32_t), "out may not overlap the ticket");
   const bool onchip = engine(m) == GemmEngine::onchip_mma;
   const int tile = onchip ? onchip_.token_tile[m - 1] : tactic_.token_tile[m - 1];
-  const int row_tiles = onchip ? 1 : tactic_.row_tiles[m - 1];
-  if (onchip ? !onchip_engine_->prepared(tile) : !engine_->prepared(tile, row_tiles)) {
+  const int row_tiles = onchip ? onchip_.row_tiles[m - 1] : tactic_.row_tiles[m - 1];
+  if (onchip ? !onchip_engine_->prepared(tile, row_tiles) : !engine_->prepared(tile, row_tiles)) {
     SPARK_CHECK(!detail::is_capturing(stream), "the kernel for m=", m, " (token tile ", tile, ", ", row_tiles,
                 " row tiles) was not prepared at construction (rows), and cannot be under CUDA graph capture");
     detail::DeviceGuard guard(device_);
     if (onchip)
-      onchip_engine_->prepare(tile);
+      onchip_engine_->prepare(tile, row_tiles);
     else
       engine_->prepare(tile, row_tiles);
   }

@@ -263,6 +263,8 @@ int main(int argc, char** argv) {
                           "--onchip: time each tactic behind the routed experts' stand-in (mode after_stream)");
   tune_unpooler->add_option("--stage-warps", opts.stage_warps, "--onchip: only these warps per copy stage")
       ->delimiter(',');
+  tune_unpooler->add_option("--rows", opts.onchip_rows, "--onchip: only these row tiles (1, 2) at token tile 16")
+      ->delimiter(',');
   for (CLI::App* c : {tune_unpooler, profile_unpooler}) {
     c->add_option("--splits", opts.splits, "only these S")->delimiter(',');
     c->add_option("--kw", opts.kws, "only these kw")->delimiter(',');

@@ -7,7 +7,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT = os.path.join(ROOT, "src", "tuning", "h200.inc")
 FIELDS = ("op", "tp", "b_first", "b_last", "engine", "splits", "kw", "accs", "token_tile", "row_tiles",
           "cluster_balance", "row_swizzle", "onchip_splits", "onchip_stage_warps", "onchip_cluster_balance",
-          "publish", "consumer")
+          "onchip_row_tiles", "publish", "consumer")
 ROW = re.compile(r'^\{(.*),\s*"(.*)"\},\s*$')
 H, P = 8192, 4096  # the model's shapes (spark_decode/model_shape.h)
 
@@ -25,7 +25,7 @@ def read(path=DEFAULT):
                 raise ValueError(f"{path}: a row of {len(values)} fields, want {len(FIELDS)}: {line.strip()}")
             row = dict(zip(FIELDS, values))
             for k in ("tp", "b_first", "b_last", "splits", "kw", "accs", "token_tile", "row_tiles", "onchip_splits",
-                      "onchip_stage_warps"):
+                      "onchip_stage_warps", "onchip_row_tiles"):
                 row[k] = int(row[k])
             for k in ("cluster_balance", "row_swizzle", "onchip_cluster_balance"):
                 row[k] = row[k] == "true"

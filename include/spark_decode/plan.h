@@ -126,6 +126,10 @@ struct OnchipTactic {
   int accs = 1;    // independent accumulator sets per warp
   // token_tile[m - 1]: the token tile (8 or 16) that serves a batch of m.
   std::array<int, kMaxBatch> token_tile = {8, 8, 8, 8, 8, 8, 8, 8, 16, 16, 16, 16, 16, 16, 16, 16};
+  // row_tiles[m - 1]: 16-row MMA tiles per CTA (R: 1, or 2 where m's token
+  // tile is 16) for a batch of m; R changes the grid (N / (16 R), S), not a
+  // row's arithmetic, so it may change with m.
+  std::array<int, kMaxBatch> row_tiles = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
   // Clusters (S > 1) launched with the load-balancing scheduling policy.
   bool cluster_balance = false;
   // Warps per copy stage (G, a power of two dividing the warps per CTA):
@@ -142,11 +146,11 @@ struct OnchipTactic {
   // Written out for C++17 consumers (see SplitKTactic).
   bool operator==(const OnchipTactic& o) const {
     return splits == o.splits && kw == o.kw && accs == o.accs && token_tile == o.token_tile &&
-           cluster_balance == o.cluster_balance && stage_warps == o.stage_warps;
+           row_tiles == o.row_tiles && cluster_balance == o.cluster_balance && stage_warps == o.stage_warps;
   }
   bool operator!=(const OnchipTactic& o) const { return !(*this == o); }
 };
-static_assert(sizeof(OnchipTactic) == 3 * sizeof(int) + kMaxBatch * sizeof(int) + 2 * sizeof(int),  // bool padded
+static_assert(sizeof(OnchipTactic) == 3 * sizeof(int) + 2 * kMaxBatch * sizeof(int) + 2 * sizeof(int),  // bool padded
               "a field was added to OnchipTactic: add it to operator== too");
 
 // The compiled on-chip kernels: kw in kOnchipKws, accs 1..kOnchipMaxAccs,
@@ -154,6 +158,12 @@ static_assert(sizeof(OnchipTactic) == 3 * sizeof(int) + kMaxBatch * sizeof(int) 
 inline constexpr std::array<int, 2> kOnchipKws = {128, 256};
 inline constexpr int kOnchipMaxAccs = 2;
 inline constexpr int kOnchipMaxWarps = 16;
+// Row tiles per CTA (16 R rows sharing every x fragment): R = 1 at every
+// token tile, R = 2 at token tile 16 only (where the x reads, one per CTA
+// and token, would otherwise rival the weights' bytes), with at most
+// kOnchipRowTiles2Warps warps (its lanes hold twice the accumulators).
+inline constexpr int kOnchipMaxRowTiles = 2;
+inline constexpr int kOnchipRowTiles2Warps = 8;
 // The default tactic's grid: the least S that gives at least this many CTAs
 // (about one per SM of an H100 / H200, 132 SMs) where one fits.
 inline constexpr int kOnchipTargetCtas = 128;
@@ -224,10 +234,12 @@ struct PlanRow {
   int splits, kw, accs, token_tile, row_tiles;
   bool cluster_balance, row_swizzle;
   // Where the row names onchip_mma: the on-chip engine's S, warps per copy
-  // stage (OnchipTactic::stage_warps) and cluster policy; 0, 0, false
+  // stage (OnchipTactic::stage_warps) and cluster policy for the shape, and
+  // its row tiles for these b (OnchipTactic::row_tiles); 0, 0, false, 0
   // elsewhere (a forced on-chip engine then takes onchip_tactic's default).
   int onchip_splits, onchip_stage_warps;
   bool onchip_cluster_balance;
+  int onchip_row_tiles;
   PublishRoute publish;
   ConsumerLaunch consumer;
   const char* measured;  // the measurement that chose the row (file @ commit)

@@ -148,7 +148,7 @@ class Unpooler {
   std::string describe() const;
   // Whether a kernel for token tile `tile` (8 or 16) with `row_tiles` (1 or
   // 2) is prepared, on either engine; other values throw InvalidArgument.
-  // The on-chip engine has one row tile.
+  // The on-chip engine has two row tiles at token tile 16 only.
   bool prepared(int tile, int row_tiles = 1) const;
 
  private:

@@ -24,10 +24,13 @@ class OnchipMma {
   OnchipMma(const void* weight, int n, int k, int device, const OnchipTactic& tactic, bool enable_pdl,
             const std::vector<int>& rows);
 
-  // Whether the kernel of token tile `tile` (8, 16) is prepared; prepare()
-  // does it (not under CUDA graph capture).
-  bool prepared(int tile) const { return prepared_[tile == 8 ? 0 : 1]; }
-  void prepare(int tile);
+  // Whether the kernel of token tile `tile` (8, 16) and `rows` row tiles
+  // (1, 2) is prepared; prepare() does it (not under CUDA graph capture).
+  bool prepared(int tile, int rows) const {
+    const int v = variant(tile, rows);
+    return v >= 0 && prepared_[v];
+  }
+  void prepare(int tile, int rows);
 
   // out[m, n] = x[m, k] @ W^T, and with `publish` the same rows into its
   // mailbox (with `ticket`, at the ticket's stage). No checks: m's kernel is
@@ -36,10 +39,13 @@ class OnchipMma {
               cudaStream_t stream) const;
 
   const OnchipTactic& tactic() const { return tactic_; }
-  // CTAs of token tile `tile` the device runs at once (clusters x S), found
-  // at prepare(): below the grid, the grid runs in more than one wave and
-  // its later CTAs stream nothing before the wait. 0 before prepare().
-  int resident_ctas(int tile) const { return resident_[tile == 8 ? 0 : 1]; }
+  // CTAs of (token tile, row tiles) the device runs at once (clusters x S),
+  // found at prepare(): below the grid, the grid runs in more than one wave
+  // and its later CTAs stream nothing before the wait. 0 before prepare().
+  int resident_ctas(int tile, int rows) const {
+    const int v = variant(tile, rows);
+    return v >= 0 ? resident_[v] : 0;
+  }
 
  private:
   const void* weight_;
@@ -47,8 +53,14 @@ class OnchipMma {
   OnchipTactic tactic_;
   int stage_shift_;  // log2 of the warps per copy stage
   bool enable_pdl_;
-  std::array<bool, 2> prepared_{};  // tile 8, 16
-  std::array<int, 2> resident_{};
+  // The compiled (token tile, row tiles): (8, 1), (16, 1), (16, 2); -1 for
+  // any other.
+  static int variant(int tile, int rows) {
+    if (rows != 1 && rows != 2) return -1;
+    return tile == 8 ? (rows == 1 ? 0 : -1) : rows == 1 ? 1 : 2;
+  }
+  std::array<bool, 3> prepared_{};
+  std::array<int, 3> resident_{};
 };
 
 }  // namespace spark_decode::engines

@@ -36,11 +36,10 @@ static std::string first_tile16_m(const std::array<int, kMaxBatch>& token_tile) 
   return "never";
 }
 
-std::string SplitKTactic::to_string() const {
+// Row tiles only where used: the m served with 2 tiles (32 rows per CTA), as
+// ranges (" rows32_at_m=1-8,16"); "" where every m has one.
+static std::string row_tiles_used(const std::array<int, kMaxBatch>& row_tiles) {
   std::ostringstream os;
-  os << "S=" << splits << " kw=" << kw << " accs=" << accs << " tile16_from_m=" << first_tile16_m(token_tile);
-  // Row tiles only when used: the m served with R tiles (16R rows per CTA),
-  // as ranges ("1-8,16").
   for (int rows : kSplitKRowTiles) {
     if (rows == 1) continue;
     std::ostringstream ranges;
@@ -55,6 +54,13 @@ std::string SplitKTactic::to_string() const {
     }
     if (ranges.tellp() > 0) os << " rows" << rows * kSplitKTileN << "_at_m=" << ranges.str();
   }
+  return os.str();
+}
+
+std::string SplitKTactic::to_string() const {
+  std::ostringstream os;
+  os << "S=" << splits << " kw=" << kw << " accs=" << accs << " tile16_from_m=" << first_tile16_m(token_tile)
+     << row_tiles_used(row_tiles);
   if (cluster_balance && splits > 1) os << " cluster_balance";
   if (!row_swizzle) os << " unswizzled";
   return os.str();
@@ -136,7 +142,8 @@ int OnchipTactic::stage_warps_for(int k) const {
 
 std::string OnchipTactic::to_string() const {
   std::ostringstream os;
-  os << "S=" << splits << " kw=" << kw << " accs=" << accs << " tile16_from_m=" << first_tile16_m(token_tile);
+  os << "S=" << splits << " kw=" << kw << " accs=" << accs << " tile16_from_m=" << first_tile16_m(token_tile)
+     << row_tiles_used(row_tiles);
   if (stage_warps > 0) os << " stage_warps=" << stage_warps;
   if (cluster_balance && splits > 1) os << " cluster_balance";
   return os.str();
@@ -167,17 +174,30 @@ std::optional<std::string> onchip_unsupported(int n, int k, const OnchipTactic& 
     return concat("on-chip MMA: stage_warps=", t.stage_warps, " is not a power of two dividing the ", warps,
                   " warps per CTA");
   for (int m = 1; m <= kMaxBatch; ++m) {
-    const int tile = t.token_tile[m - 1];
+    const int tile = t.token_tile[m - 1], rows = t.row_tiles[m - 1];
     if ((tile != 8 && tile != 16) || tile < m)
       return concat("on-chip MMA: token tiles (", t.to_string(), ") do not cover M 1..", kMaxBatch, ": m=", m,
                     " has tile ", tile);
+    if (rows != 1 && (rows != 2 || tile != 16))
+      return concat("on-chip MMA: m=", m, " has ", rows, " row tiles at token tile ", tile,
+                    "; 1, or 2 at token tile 16, are compiled");
   }
-  // The largest tile the tactic uses sets the shared memory.
-  const int tile = *std::max_element(t.token_tile.begin(), t.token_tile.end());
-  const int smem = kernels::onchip::smem_bytes(k, t.splits, t.kw, tile);
-  if (smem > kernels::kMaxSmemPerBlock)
-    return concat("on-chip MMA: a CTA's ", 16 * (k / t.splits) * 2, " weight bytes, ", k / t.kw, " warp partials and ",
-                  "header need ", smem, " bytes of shared memory, more than ", kernels::kMaxSmemPerBlock);
+  // Each (token tile, row tiles) the tactic uses must fit.
+  for (int m = 1; m <= kMaxBatch; ++m) {
+    const int tile = t.token_tile[m - 1], rows = t.row_tiles[m - 1];
+    if (rows == 2) {
+      if (n % (2 * kSplitKTileN))
+        return concat("on-chip MMA: 2 row tiles per CTA need N % ", 2 * kSplitKTileN, " == 0, got N=", n);
+      if (warps > kOnchipRowTiles2Warps)
+        return concat("on-chip MMA: 2 row tiles per CTA run at most ", kOnchipRowTiles2Warps, " warps per CTA, got ",
+                      warps, ": take a larger S");
+    }
+    const int smem = kernels::onchip::smem_bytes(k, t.splits, t.kw, tile, rows);
+    if (smem > kernels::kMaxSmemPerBlock)
+      return concat("on-chip MMA: a CTA's ", 16 * rows * (k / t.splits) * 2, " weight bytes, ", k / t.kw,
+                    " warp partials and header need ", smem, " bytes of shared memory, more than ",
+                    kernels::kMaxSmemPerBlock);
+  }
   return std::nullopt;
 }
 
@@ -328,7 +348,7 @@ bool has_onchip_rows(const PlanTable& table, PlanOp op, int tp) {
 
 // The on-chip tactic of the rows of (op, tp) in `table`: the reduction order
 // and token tiles of every row, S, copy stages and cluster policy of the
-// rows naming onchip_mma.
+// rows naming onchip_mma, and their row tiles (one elsewhere).
 OnchipTactic onchip_of_rows(const PlanTable& table, PlanOp op, int tp) {
   const SplitKTactic s = tactic_of_rows(table, op, tp);
   OnchipTactic t;
@@ -341,6 +361,7 @@ OnchipTactic onchip_of_rows(const PlanTable& table, PlanOp op, int tp) {
     t.splits = r.onchip_splits;
     t.stage_warps = r.onchip_stage_warps;
     t.cluster_balance = r.onchip_cluster_balance;
+    for (int b = std::max(r.b_first, 1); b <= std::min(r.b_last, kMaxBatch); ++b) t.row_tiles[b - 1] = r.onchip_row_tiles;
   }
   return t;
 }
@@ -427,9 +448,10 @@ std::optional<std::string> plan_table_unsupported(const PlanTable& table) {
           return concat(table.machine, ": ", op_name(op), " tp ", tp,
                         " changes the cluster policy or row swizzle within the shape (b ", b, ")");
         const bool onchip = row->engine == GemmEngine::onchip_mma;
-        if (!onchip && (row->onchip_splits || row->onchip_stage_warps || row->onchip_cluster_balance))
+        if (!onchip &&
+            (row->onchip_splits || row->onchip_stage_warps || row->onchip_cluster_balance || row->onchip_row_tiles))
           return concat(table.machine, ": ", op_name(op), " tp ", tp, " b ", b, " runs ", engine_name(row->engine),
-                        " but sets the on-chip fields (0, 0, false there)");
+                        " but sets the on-chip fields (0, 0, false, 0 there)");
         if (onchip) {
           if (!onchip_row) onchip_row = row;
           if (row->onchip_splits != onchip_row->onchip_splits ||
@@ -497,7 +519,7 @@ std::string format_plan_table() {
       if (!r.row_swizzle) os << " unswizzled";
     } else if (r.engine == GemmEngine::onchip_mma) {
       os << " S=" << r.onchip_splits << " kw=" << r.kw << " accs=" << r.accs << " tile=" << r.token_tile
-         << " stage_warps=" << r.onchip_stage_warps;
+         << " rows=" << r.onchip_row_tiles * kSplitKTileN << " stage_warps=" << r.onchip_stage_warps;
       if (r.onchip_cluster_balance && r.onchip_splits > 1) os << " cluster_balance";
     } else if (r.engine == GemmEngine::ring_mma) {
       os << " tile=" << (r.b_last <= 8 ? 8 : 16);

@@ -147,17 +147,50 @@ TEST(OnchipValidation, EveryReason) {
   // K = 8 x 16 x 256: 128 KiB of weights per CTA and 128 warp partials of
   // [16][16] FP32 (128 KiB) at rank 0; with tile 8 only, half the partials.
   EXPECT_EQ(reason(16, 8 * 16 * 256, tactic(8, 256, 1)),
-            "on-chip MMA: a CTA's 131072 weight bytes, 128 warp partials and header need 263936 bytes of shared "
+            "on-chip MMA: a CTA's 131072 weight bytes, 128 warp partials and header need 264448 bytes of shared "
             "memory, more than 232448");
   EXPECT_EQ(reason(16, 8 * 8 * 256, tactic(8, 256, 1)), "<supported>");
   EXPECT_EQ(reason(48, 256, tactic(1, 256, 2)), "<supported>");
   EXPECT_EQ(reason(48, 1024, tactic(4, 128, 2)), "<supported>");
+  // Two row tiles: at token tile 16 only, N a multiple of 32, at most 8
+  // warps, twice the slice and the partials within the shared memory.
+  auto r2 = tactic(1, 256, 1);
+  for (int m = 9; m <= 16; ++m) r2.row_tiles[m - 1] = 2;
+  EXPECT_EQ(reason(32, 2048, r2), "<supported>");
+  EXPECT_EQ(r2.to_string(), "S=1 kw=256 accs=1 tile16_from_m=9 rows32_at_m=9-16");
+  EXPECT_EQ(reason(48, 2048, r2), "on-chip MMA: 2 row tiles per CTA need N % 32 == 0, got N=48");
+  EXPECT_EQ(reason(32, 256 * 16, r2),
+            "on-chip MMA: 2 row tiles per CTA run at most 8 warps per CTA, got 16: take a larger S");
+  // 8 warps x 256 K x 32 rows (128 KiB) and 32 partials of [2][16][16]
+  // FP32 (64 KiB): fits; at 16 KiB more of K per CTA it would not.
+  EXPECT_EQ(reason(32, 8 * 256, r2), "<supported>");
+  auto r2_wide = r2;
+  r2_wide.splits = 2;
+  EXPECT_EQ(reason(32, 2 * 8 * 256, r2_wide), "<supported>");
+  auto r2_kw128 = tactic(1, 128, 1);
+  for (int m = 9; m <= 16; ++m) r2_kw128.row_tiles[m - 1] = 2;
+  EXPECT_EQ(reason(32, 12 * 128, r2_kw128),
+            "on-chip MMA: 2 row tiles per CTA run at most 8 warps per CTA, got 12: take a larger S");
+  r2.row_tiles[0] = 2;  // m = 1 has token tile 8
+  EXPECT_EQ(reason(32, 2048, r2),
+            "on-chip MMA: m=1 has 2 row tiles at token tile 8; 1, or 2 at token tile 16, are compiled");
+  r2.row_tiles[0] = 3;
+  EXPECT_EQ(reason(32, 2048, r2),
+            "on-chip MMA: m=1 has 3 row tiles at token tile 8; 1, or 2 at token tile 16, are compiled");
 }
 
 TEST(OnchipValidation, SharedMemoryLayout) {
   // Stages after the partials; the whole slice plus one skew per warp.
   EXPECT_EQ(onchip::stages_offset(4096, 256, 16), onchip::kPartialsOffset + 16 * 16 * 16 * 4);
   EXPECT_EQ(onchip::smem_bytes(4096, 1, 256, 16), onchip::stages_offset(4096, 256, 16) + 16 * 4096 * 2 + 16 * 64);
+  // Two row tiles: twice the partials, the rows and the skews; blocks of 16
+  // rows one after the other in a stage; the y tile holds 32 rows.
+  EXPECT_EQ(onchip::stages_offset(4096, 256, 16, 2), onchip::kPartialsOffset + 16 * 2 * 16 * 16 * 4);
+  EXPECT_EQ(onchip::smem_bytes(4096, 4, 256, 16, 2),
+            onchip::stages_offset(4096, 256, 16, 2) + 32 * 1024 * 2 + 2 * 4 * 64);
+  EXPECT_EQ(onchip::stage_bytes(512, 2), 2 * onchip::block_bytes(512));
+  EXPECT_GE(onchip::kYTileBytes, sd::kMaxBatch * 32 * 2);
+  EXPECT_EQ(onchip::stages_offset(4096, 256, 16, 2) % 128, 0);  // the stages' bank argument needs 128-byte blocks
   // Rows g and g + 1 of a stage 64 bytes apart modulo 128 (opposite bank
   // halves), rows g and g + 2 a multiple of 128 apart.
   for (int width : {128, 256, 512, 1024, 2048, 4096})

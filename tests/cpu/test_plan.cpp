@@ -143,7 +143,7 @@ TEST(PlanTable, PrintsEveryRow) {
   const std::string text = sd::format_plan_table();
   EXPECT_NE(text.find("nvidia-h200"), std::string::npos);
   EXPECT_NE(text.find("pooler tp 1 b 9..16 -> ring_mma"), std::string::npos) << text;
-  EXPECT_NE(text.find("unpooler tp 8 b 1..8 -> onchip_mma S=4 kw=256 accs=1 tile=8 stage_warps=1 cluster_balance"),
+  EXPECT_NE(text.find("unpooler tp 8 b 1..8 -> onchip_mma S=4 kw=256 accs=1 tile=8 rows=16 stage_warps=1 cluster_balance"),
             std::string::npos)
       << text;
   EXPECT_NE(text.find("publish kernel, consumer early"), std::string::npos) << text;

@@ -158,8 +158,8 @@ TEST(OnchipMma, DeployedShapesEveryMAgainstTheReference) {
 }
 
 // Small shapes, every distribution, and every compiled kernel (kw x accs x
-// token tile) at every S and copy stage that take the shape: one or many
-// stages per CTA, one warp per CTA, clusters of 1 to 8.
+// token tile x row tiles) at every S and copy stage that take the shape: one
+// or many stages per CTA, one warp per CTA, clusters of 1 to 8.
 TEST(OnchipMma, EveryCompiledVariantOnSmallShapes) {
   SKIP_WITHOUT_GPU(1);
   const uint64_t seed = test_seed("onchip variants");
@@ -170,31 +170,33 @@ TEST(OnchipMma, EveryCompiledVariantOnSmallShapes) {
       for (int s : {1, 2, 4, 8})
         for (int kw : sd::kOnchipKws)
           for (int accs = 1; accs <= sd::kOnchipMaxAccs; ++accs)
-            for (int g : {0, 1, 2, 16}) {
-              sd::OnchipTactic t;
-              t.splits = s;
-              t.kw = kw;
-              t.accs = accs;
-              t.stage_warps = g;
-              if (sd::onchip_unsupported(n, k, t)) continue;
-              // The normal distribution at every variant, the others at the
-              // default stages only.
-              if (dist != Dist::normal && g != 0) continue;
-              expect_no_throw([&] {
-                auto u = onchip_unpooler(p.dw.get(), n, k, t);
-                check_every_m(std::to_string(n) + "x" + std::to_string(k) + " " + dist_name(dist) + " " +
-                                  t.to_string(),
-                              p, [&](const void* x, void* out, int m) { u.run(x, out, m, nullptr); });
-              });
-              ++tested;
-            }
+            for (int g : {0, 1, 2, 16})
+              for (int rows : {1, 2}) {
+                sd::OnchipTactic t;
+                t.splits = s;
+                t.kw = kw;
+                t.accs = accs;
+                t.stage_warps = g;
+                for (int m = 9; m <= M; ++m) t.row_tiles[m - 1] = rows;  // token tile 16
+                if (sd::onchip_unsupported(n, k, t)) continue;
+                // The normal distribution at every variant, the others at the
+                // default stages only.
+                if (dist != Dist::normal && g != 0) continue;
+                expect_no_throw([&] {
+                  auto u = onchip_unpooler(p.dw.get(), n, k, t);
+                  check_every_m(std::to_string(n) + "x" + std::to_string(k) + " " + dist_name(dist) + " " +
+                                    t.to_string(),
+                                p, [&](const void* x, void* out, int m) { u.run(x, out, m, nullptr); });
+                });
+                ++tested;
+              }
     }
   EXPECT_GE(tested, 100);
 }
 
 // The reduction order is the split-K engine's at the same kw and accs, and
 // depends on neither engine's S (a partial's place in the sum is its K
-// chunk) nor on the copy stages: every valid (engine, S, stages) at one (kw,
+// chunk) nor on the copy stages or row tiles: every valid (engine, S, stages) at one (kw,
 // accs) gives the same bits, at every m, on data whose sums round
 // differently in any other order (outliers). At the deployed shapes, the
 // on-chip engine's default tactic against the plan table's split-K tactic
@@ -237,18 +239,20 @@ TEST(OnchipMma, SameBitsAsTheSplitKEngineAtEverySAndStage) {
               others.push_back({"splitk_mma " + st.to_string(),
                                 [u](const void* x, void* out, int m) { u->run(x, out, m, nullptr); }});
             }
-            for (int g : {0, 1}) {
-              sd::OnchipTactic ot;
-              ot.splits = s;
-              ot.kw = kw;
-              ot.accs = accs;
-              ot.stage_warps = g;
-              if (sd::onchip_unsupported(n, k, ot)) continue;
-              keep.push_back(std::make_unique<sd::Unpooler>(onchip_unpooler(p.dw.get(), n, k, ot)));
-              sd::Unpooler* u = keep.back().get();
-              others.push_back({"onchip_mma " + ot.to_string(),
-                                [u](const void* x, void* out, int m) { u->run(x, out, m, nullptr); }});
-            }
+            for (int g : {0, 1})
+              for (int rows : {1, 2}) {
+                sd::OnchipTactic ot;
+                ot.splits = s;
+                ot.kw = kw;
+                ot.accs = accs;
+                ot.stage_warps = g;
+                for (int m = 9; m <= M; ++m) ot.row_tiles[m - 1] = rows;  // token tile 16
+                if (sd::onchip_unsupported(n, k, ot)) continue;
+                keep.push_back(std::make_unique<sd::Unpooler>(onchip_unpooler(p.dw.get(), n, k, ot)));
+                sd::Unpooler* u = keep.back().get();
+                others.push_back({"onchip_mma " + ot.to_string(),
+                                  [u](const void* x, void* out, int m) { u->run(x, out, m, nullptr); }});
+              }
           }
           POOLER_REQUIRE(others.size() >= 4, n, "x", k, " kw ", kw, ": too few variants compared");
           compare(std::to_string(n) + "x" + std::to_string(k) + " kw " + std::to_string(kw) + " accs " +

@@ -13,10 +13,14 @@
 // written by the previous grid, are read only after the wait, into registers
 // straight from L2 (they are tiny and every CTA reads them).
 //
-// Decomposition, the split-K engine's (splitk_mma.cuh): grid (N / 16, S),
-// cluster (1, S, 1); CTA (t, s) owns rows [16t, 16t + 16) and K slice
+// Decomposition, the split-K engine's (splitk_mma.cuh): grid (N / 16R, S),
+// cluster (1, S, 1); CTA (t, s) owns rows [16Rt, 16R(t + 1)) and K slice
 // [s K / S, (s + 1) K / S); warp w owns the KW consecutive K from
-// s K / S + w KW. The copies: `stages` groups of 16 bulk copies (one per row
+// s K / S + w KW, of all 16R rows. R = 2 (two row tiles sharing every x
+// fragment) halves the x bytes the grid reads from L2: one read per CTA and
+// token, which at token tile 16 rivals the weights' own bytes (16 tokens of
+// a K slice are as many bytes as 16 weight rows of it) and competes with
+// their stream. The copies: `stages` groups of 16R bulk copies (one per row
 // of G warps' K, G = stage_warps), issued by one thread in stage order, each
 // group completing on its own mbarrier, so the copy engine fetches them
 // roughly in that order and warp w multiplies as soon as stage w / G has
@@ -40,7 +44,8 @@
 // depends on (K, KW, ACCS) only (a partial's place in the sum is its K chunk,
 // whatever S), so this kernel gives splitk_mma's bits at the same kw and accs
 // (tested); a token's MMA column never mixes with another token's, so a row
-// does not depend on the batch.
+// does not depend on the batch; nor on R, which only changes which CTA
+// computes a row.
 #pragma once
 
 #include <cstdint>
@@ -55,20 +60,23 @@ namespace spark_decode::kernels {
 
 // stage_shift: log2 of G, the warps per copy stage (a power of two dividing
 // the CTA's warps: shifts, not divisions, on the way to a warp's stage).
-template <int KW, int ACCS, int TILE>
-__global__ void __launch_bounds__(onchip::kMaxThreads) onchip_mma_kernel(const GemmArgs args, const int stage_shift) {
+template <int KW, int ACCS, int TILE, int R>
+__global__ void __launch_bounds__(onchip::max_threads(R))
+    onchip_mma_kernel(const GemmArgs args, const int stage_shift) {
   SPARK_TRACE_CTA(kOnchipMma);
   constexpr int kVecs = KW / kSplitKBlockK;  // 16-byte vectors per row per lane
   constexpr int kNt = TILE / 8;                // n8 MMAs per step
-  constexpr int kPartial = onchip::partial_floats(TILE);
+  constexpr int kRows = R * kSplitKTileN;      // rows per CTA
+  constexpr int kPartial = onchip::partial_floats(TILE, R);
   static_assert(KW % kSplitKBlockK == 0 && (2 * kVecs) % ACCS == 0);
   static_assert(TILE == 8 || TILE == 16);
+  static_assert(R == 1 || (R == 2 && TILE == 16), "two row tiles are compiled for token tile 16 only");
   extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t bars = ptx::smem_addr(smem);  // stage q's mbarrier at bars + 8 q
   const uint32_t partial_bar = bars + onchip::kPartialBar;
   __nv_bfloat16* const y_tile = reinterpret_cast<__nv_bfloat16*>(smem + onchip::kHeaderBytes);
   float* const partials = reinterpret_cast<float*>(smem + onchip::kPartialsOffset);
-  unsigned char* const stage0 = smem + onchip::stages_offset(args.k, KW, TILE);
+  unsigned char* const stage0 = smem + onchip::stages_offset(args.k, KW, TILE, R);
 
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -76,10 +84,11 @@ __global__ void __launch_bounds__(onchip::kMaxThreads) onchip_mma_kernel(const G
   const int g = lane >> 2, t = lane & 3;
   const int split = blockIdx.y, splits = gridDim.y;
   const int k_slice = args.k / splits;
-  const int feature0 = blockIdx.x * kSplitKTileN;
+  const int feature0 = blockIdx.x * kRows;
   const int stages = warps >> stage_shift;
   const int width = KW << stage_shift;  // K of one stage
-  const int stage_size = onchip::stage_bytes(width);
+  const int stage_size = onchip::stage_bytes(width, R);
+  const int block_size = onchip::block_bytes(width);  // 16 rows of a stage
 
   // Every mbarrier initialised before any thread uses one: the stages' (one
   // arrival: the issuing thread's expect_tx; then the copies' bytes) and, at
@@ -98,8 +107,9 @@ __global__ void __launch_bounds__(onchip::kMaxThreads) onchip_mma_kernel(const G
   __syncthreads();
 
   // Weights first, all of them: they do not depend on the previous grid.
-  // Stage q, row r: K [s K / S + q width, + width) of row feature0 + r, into
-  // its row of stage q (onchip_mma_config.h: row_offset). Nothing else
+  // Stage q, row 16 rt + r: K [s K / S + q width, + width) of row
+  // feature0 + 16 rt + r, into its row of block rt of stage q
+  // (onchip_mma_config.h: row_offset). Nothing else
   // happens before the wait (tools/check_sass.py: bulk copies and mbarrier
   // setup only).
   if (threadIdx.x == 0) {
@@ -108,11 +118,13 @@ __global__ void __launch_bounds__(onchip::kMaxThreads) onchip_mma_kernel(const G
     const __nv_bfloat16* src = args.w + static_cast<size_t>(feature0) * args.k + split * k_slice;
     uint32_t dst = ptx::smem_addr(stage0);
     for (int q = 0; q < stages; ++q, src += width, dst += stage_size) {
-      ptx::mbarrier_arrive_expect_tx(bars + 8 * q, 16 * bytes);
+      ptx::mbarrier_arrive_expect_tx(bars + 8 * q, kRows * bytes);
 #pragma unroll
-      for (int r = 0; r < 16; ++r)
-        ptx::bulk_copy_g2s(dst + onchip::row_offset(width, r), src + static_cast<size_t>(r) * args.k, bytes,
-                           bars + 8 * q, policy);
+      for (int rt = 0; rt < R; ++rt)
+#pragma unroll
+        for (int r = 0; r < 16; ++r)
+          ptx::bulk_copy_g2s(dst + rt * block_size + onchip::row_offset(width, r),
+                             src + static_cast<size_t>(16 * rt + r) * args.k, bytes, bars + 8 * q, policy);
     }
   }
   if (splits > 1) ptx::cluster_arrive_relaxed();
@@ -142,13 +154,15 @@ __global__ void __launch_bounds__(onchip::kMaxThreads) onchip_mma_kernel(const G
       xv[v][nt] = token < args.m ? ptx::ld_v4(at) : make_uint4(0, 0, 0, 0);
     }
 
-  float acc[ACCS][kNt][4];
+  float acc[ACCS][R][kNt][4];
 #pragma unroll
   for (int a = 0; a < ACCS; ++a)
 #pragma unroll
-    for (int nt = 0; nt < kNt; ++nt)
+    for (int rt = 0; rt < R; ++rt)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) acc[a][nt][i] = 0.0f;
+      for (int nt = 0; nt < kNt; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[a][rt][nt][i] = 0.0f;
 
   // This warp's stage has landed (the wait acquires the copy engine's
   // writes). Plain loads from here on: the wait's memory clobber keeps the
@@ -162,42 +176,49 @@ __global__ void __launch_bounds__(onchip::kMaxThreads) onchip_mma_kernel(const G
   SPARK_TRACE_MARK(0, *reinterpret_cast<const uint32_t*>(row_a));  // warp 0's stage has landed
 #pragma unroll
   for (int v = 0; v < kVecs; ++v) {
-    const uint4 wa = *reinterpret_cast<const uint4*>(row_a + v * 2 * kSplitKBlockK);
-    const uint4 wb = *reinterpret_cast<const uint4*>(row_b + v * 2 * kSplitKBlockK);
     const int step = 2 * v;  // the MMA step of this vector's first half
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const uint32_t a[4] = {word(wa, 2 * h), word(wb, 2 * h), word(wa, 2 * h + 1), word(wb, 2 * h + 1)};
+    for (int rt = 0; rt < R; ++rt) {
+      const uint4 wa = *reinterpret_cast<const uint4*>(row_a + rt * block_size + v * 2 * kSplitKBlockK);
+      const uint4 wb = *reinterpret_cast<const uint4*>(row_b + rt * block_size + v * 2 * kSplitKBlockK);
 #pragma unroll
-      for (int nt = 0; nt < kNt; ++nt)
-        ptx::mma_m16n8k16_bf16(acc[(step + h) % ACCS][nt], a, word(xv[v][nt], 2 * h), word(xv[v][nt], 2 * h + 1));
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t a[4] = {word(wa, 2 * h), word(wb, 2 * h), word(wa, 2 * h + 1), word(wb, 2 * h + 1)};
+#pragma unroll
+        for (int nt = 0; nt < kNt; ++nt)
+          ptx::mma_m16n8k16_bf16(acc[(step + h) % ACCS][rt][nt], a, word(xv[v][nt], 2 * h),
+                                 word(xv[v][nt], 2 * h + 1));
+      }
     }
   }
 
   // This warp's partial, reduced over its accumulator sets in order
   // 0..ACCS-1, into slot (split * warps + warp) of rank 0's shared memory:
   // its K chunk's place in the sum.
-  float part[kNt][4];
+  // Fragment order [rt][nt][lane][4] (mma_fragment.cuh: fragment_element).
+  float part[R * kNt][4];
 #pragma unroll
-  for (int nt = 0; nt < kNt; ++nt)
+  for (int rt = 0; rt < R; ++rt)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      part[nt][i] = acc[0][nt][i];
+    for (int nt = 0; nt < kNt; ++nt)
 #pragma unroll
-      for (int a = 1; a < ACCS; ++a) part[nt][i] += acc[a][nt][i];
-    }
+      for (int i = 0; i < 4; ++i) {
+        part[rt * kNt + nt][i] = acc[0][rt][nt][i];
+#pragma unroll
+        for (int a = 1; a < ACCS; ++a) part[rt * kNt + nt][i] += acc[a][rt][nt][i];
+      }
   float* mine = partials + (split * warps + warp) * kPartial + lane * 4;
   if (split == 0) {
 #pragma unroll
-    for (int nt = 0; nt < kNt; ++nt)
-      *reinterpret_cast<float4*>(mine + nt * 32 * 4) = make_float4(part[nt][0], part[nt][1], part[nt][2], part[nt][3]);
+    for (int f = 0; f < R * kNt; ++f)
+      *reinterpret_cast<float4*>(mine + f * 32 * 4) = make_float4(part[f][0], part[f][1], part[f][2], part[f][3]);
   } else {
     ptx::cluster_wait_acquire();  // rank 0 has started and armed its mbarrier
     const uint32_t remote_bar = ptx::map_cluster_addr(partial_bar, 0);
     const uint32_t remote = ptx::map_cluster_addr(ptx::smem_addr(mine), 0);
 #pragma unroll
-    for (int nt = 0; nt < kNt; ++nt)
-      ptx::st_async_v4(remote + nt * 32 * 4 * sizeof(float), part[nt][0], part[nt][1], part[nt][2], part[nt][3],
+    for (int f = 0; f < R * kNt; ++f)
+      ptx::st_async_v4(remote + f * 32 * 4 * sizeof(float), part[f][0], part[f][1], part[f][2], part[f][3],
                        remote_bar);
     // Leave now, as the split-K engine's senders do: st.async reads its
     // registers at issue, every copy into this CTA has landed (each warp
@@ -214,7 +235,7 @@ __global__ void __launch_bounds__(onchip::kMaxThreads) onchip_mma_kernel(const G
   SPARK_TRACE_MARK(1, __float_as_uint(partials[0]));  // every partial is here
 
   // Partials in K order (fragment layout: nt, lane (g, t), register i).
-  sum_partials_and_store<kNt, false, kSplitKTileN, kPartial>(args, stage, partials, splits * warps, y_tile, feature0);
+  sum_partials_and_store<kNt, false, kRows, kPartial>(args, stage, partials, splits * warps, y_tile, feature0);
 }
 
 }  // namespace spark_decode::kernels

@@ -43,16 +43,24 @@ KERNELS = {
     "15ring_mma_kernel": (2, True),
     # The on-chip engine loads nothing before the wait (BULK_BEFORE_WAIT).
     "17onchip_mma_kernel": (0, False),
-    # The fused consumer reads its norm weight (a parameter) before the wait.
-    # (Its swizzled variant's pad CTAs may store the zero padding of the
-    # scales before it, in Pooler::run: an early-return branch of their own,
-    # outside the row CTAs' path this checks; design.md, "Outputs before the
-    # wait".)
+    # The fused consumer reads its norm weight (a parameter) before the wait
+    # (and its swizzled variant's pad CTAs store zeros off the wait's path:
+    # ZERO_STORES_OFF_THE_WAIT).
     "18gather_norm_kernel": (2, False),
     # The mailbox's own kernels read nothing before it.
     "22mailbox_publish_kernel": (0, False),
     "21mailbox_gather_kernel": (0, False),
 }
+
+
+# Kernels that may store zeros before griddepcontrol.wait on a path that
+# exits without waiting: the swizzled consumer's pad CTAs write the scales'
+# zero padding while the grid before it (in Pooler::run the Pooler's own,
+# which triggers only after its own wait) still runs, and return (design.md,
+# "Outputs before the wait"). ptxas may lay that branch out ahead of the wait
+# (sm_100a does), so the head is judged by control flow: a store on a path
+# to the wait still fails, and so does one of anything but zeros (RZ).
+ZERO_STORES_OFF_THE_WAIT = ("18gather_norm_kernel",)
 
 
 # Kernels that may not load from local memory (LDL): taking the address of
@@ -165,6 +173,64 @@ def launch_points_missing(code, wait):
     return None
 
 
+def successors(code, labels, i):
+    """The instructions control may reach from code[i]; None where it cannot
+    be told (an indirect branch). A predicated BRA or EXIT may fall through;
+    "BRA P4, ..." is conditional too."""
+    ins = code[i]
+    op = opcode(ins)
+    predicated = re.match(r"^@!?U?P[0-9]", ins.strip()) is not None
+    nxt = [i + 1] if i + 1 < len(code) else []
+    if op in ("BRX", "JMX", "RET", "JMP"):
+        return None
+    if op == "EXIT":
+        return nxt if predicated else []
+    if op == "BRA":
+        m = re.search(r"`\((\.L_\w+)\)", ins)
+        if not m or m.group(1) not in labels:
+            return None
+        conditional = predicated or re.match(r"^BRA(\.\S+)?\s+!?U?P[0-9]", re.sub(r"^@!?U?P[T0-9]+\s+", "", ins.strip()))
+        return [labels[m.group(1)]] + (nxt if conditional else [])
+    return nxt
+
+
+def on_path_to(code, labels, target):
+    """The indices of code[:target] that lie on some path from the entry to
+    code[target] (control flow); every index where the flow cannot be told."""
+    succ = {}
+    for i in range(target):
+        s = successors(code, labels, i)
+        if s is None:
+            return set(range(target))
+        succ[i] = s
+    # Forward from the entry, stopping at the wait (code past it, reached by
+    # a branch around it, is not expanded), then back from the wait.
+    reach, todo = {0}, [0]
+    while todo:
+        i = todo.pop()
+        for j in succ.get(i, []) if i < target else []:
+            if j not in reach:
+                reach.add(j)
+                todo.append(j)
+    leads, changed = {target}, True
+    while changed:
+        changed = False
+        for i in reach - leads:
+            if any(j in leads for j in succ.get(i, [])):
+                leads.add(i)
+                changed = True
+    return {i for i in reach if i in leads and i < target}
+
+
+def head_stores(fn, code, labels, wait):
+    """The stores before the wait that the kernel's rule forbids."""
+    stores = [i for i in range(wait) if re.search(r"\b(STG|ST|RED|ATOMG)\.", code[i])]
+    if not any(frag in fn for frag in ZERO_STORES_OFF_THE_WAIT):
+        return [code[i] for i in stores]
+    path = on_path_to(code, labels, wait)
+    return [code[i] for i in stores if i in path or not re.search(r",\s*RZ$", code[i])]
+
+
 def find_tool(name):
     for d in (os.environ.get("CUDA_TOOLS_BIN", ""), "/usr/local/cuda/bin",
               os.path.join(ROOT, ".deps/cuda-tools/nvidia/cu13/bin")):
@@ -175,17 +241,25 @@ def find_tool(name):
 
 
 def functions(sass):
-    """{mangled name: [instruction text, ...]} of an nvdisasm listing."""
+    """{mangled name: ([instruction text, ...], {label: index of the
+    instruction it names})} of an nvdisasm listing."""
     out, name = {}, None
     for line in sass.splitlines():
         m = re.match(r"^\.text\.(\S+):", line)
         if m:
             name = m.group(1)
-            out[name] = []
+            out[name] = ([], {})
+            continue
+        if not name:
+            continue
+        code, labels = out[name]
+        m = re.match(r"^(\.L_\w+):", line)
+        if m:
+            labels[m.group(1)] = len(code)
             continue
         m = re.match(r"^\s*/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;", line)
-        if m and name:
-            out[name].append(m.group(1))
+        if m:
+            code.append(m.group(1))
     return out
 
 
@@ -203,7 +277,7 @@ def main(objects):
         for cubin in sorted(f for f in os.listdir(tmp) if f.endswith(".cubin")):
             sass = subprocess.run([nvdisasm, "-c", os.path.join(tmp, cubin)], check=True,
                                   capture_output=True, text=True).stdout
-            for fn, code in functions(sass).items():
+            for fn, (code, labels) in functions(sass).items():
                 rule = next((r for frag, r in KERNELS.items() if frag in fn), None)
                 if rule is None:
                     continue
@@ -215,7 +289,7 @@ def main(objects):
                     continue
                 head = code[:waits[0]]
                 loads = [ins for ins in head if re.search(r"\bLDG(STS)?\.", ins)]
-                stores = [ins for ins in head if re.search(r"\b(STG|ST|RED|ATOMG)\.", ins)]
+                stores = head_stores(fn, code, labels, waits[0])
                 if len(loads) < need:
                     failures.append(f"{cubin} {fn}: {len(loads)} loads before griddepcontrol.wait, want >= {need}")
                 # Weight streams: LDG.E.NA (ld_stream_v4), or LDGSTS

@@ -5,7 +5,9 @@ group with none, or x loads left after the last group fail; strong loads
 (mailbox state) and weight streams (.NA) are not x loads; groups without
 copies are not judged. The fused consumer's two launch points: one before
 the wait and one after its first polling load, or it fails. The on-chip
-engine's head: bulk copies and mbarrier setup only."""
+engine's head: bulk copies and mbarrier setup only. The fused consumer's
+zero stores before the wait: allowed on a path that exits without waiting,
+judged by control flow."""
 import os
 import sys
 import unittest
@@ -115,6 +117,48 @@ class BulkBeforeWait(unittest.TestCase):
         self.assertEqual(check_sass.opcode("@UP1 UIADD3 UR5, UR5, 0x1, URZ"), "UIADD3")
         self.assertEqual(check_sass.opcode("@PT STL [R1], R52"), "STL")
         self.assertEqual(check_sass.opcode("ACQBULK"), "ACQBULK")
+
+
+class ZeroStoresOffTheWait(unittest.TestCase):
+    """Listings shaped like the swizzled consumer's on sm_100a: the pad CTAs'
+    branch (a loop of zero stores ending in EXIT) laid out ahead of the wait."""
+    CONSUMER = "_ZN12spark_decode7kernels18gather_norm_kernelILi2EEEvNS0_14GatherNormArgsE"
+    ZERO = "@P0 STG.E.128 desc[UR36][R2.64], RZ"
+
+    def listing(self, store=ZERO, end="EXIT"):
+        code = ["LDC R1, c[0x0][0x37c]", "@P0 BRA `(.L_x_0)", "@P0 EXIT",
+                "ISETP.GE.AND P0, PT, R2, UR5, PT", store, "@!P0 BRA `(.L_x_1)", end,
+                "LDG.E.128 R28, desc[UR36][R4.64]", "@P0 PREEXIT", WAIT, "STG.E.128 desc[UR36][R6.64], R8"]
+        labels = {".L_x_1": 3, ".L_x_0": 7}
+        return code, labels, code.index(WAIT)
+
+    def forbidden(self, fn=CONSUMER, **kw):
+        code, labels, wait = self.listing(**kw)
+        return check_sass.head_stores(fn, code, labels, wait)
+
+    def test_zeros_on_a_path_that_exits_pass(self):
+        self.assertEqual(self.forbidden(), [])
+        code, labels, wait = self.listing()
+        self.assertEqual(check_sass.on_path_to(code, labels, wait), {0, 1, 7, 8})
+
+    def test_a_store_of_data_fails(self):
+        self.assertEqual(len(self.forbidden(store="@P0 STG.E.128 desc[UR36][R2.64], R8")), 1)
+
+    def test_zeros_on_the_path_to_the_wait_fail(self):
+        # The pad loop falls through into the wait instead of exiting.
+        self.assertEqual(self.forbidden(end="NOP"), [self.ZERO])
+
+    def test_other_kernels_keep_the_plain_rule(self):
+        self.assertEqual(self.forbidden(fn="_ZN12spark_decode7kernels21mailbox_gather_kernelEv"), [self.ZERO])
+
+    def test_flow_it_cannot_tell_counts_every_store(self):
+        self.assertEqual(self.forbidden(end="BRX R4 -0x40"), [self.ZERO])
+
+    def test_labels_are_read_from_the_listing(self):
+        sass = (".text._Z1fv:\n        /*0000*/                   @P0 BRA `(.L_x_0) ;\n"
+                "        /*0010*/                   EXIT ;\n.L_x_0:\n        /*0020*/                   ACQBULK ;\n")
+        self.assertEqual(check_sass.functions(sass), {"_Z1fv": (["@P0 BRA `(.L_x_0)", "EXIT", "ACQBULK"],
+                                                                {".L_x_0": 2})})
 
 
 if __name__ == "__main__":

@@ -131,6 +131,17 @@ Gemm deployed_gemm(const Deployed& d, const void* w, std::unique_ptr<sd::Unpoole
   return [&g](const void* x, void* out, int m) { g->run(x, out, m, nullptr); };
 }
 
+// A tactic with `rows` row tiles at the 16-token tile (m = 9..16).
+sd::OnchipTactic tactic(int splits, int kw, int accs, int stage_warps, int rows) {
+  sd::OnchipTactic t;
+  t.splits = splits;
+  t.kw = kw;
+  t.accs = accs;
+  t.stage_warps = stage_warps;
+  for (int m = 9; m <= M; ++m) t.row_tiles[m - 1] = rows;
+  return t;
+}
+
 void expect_no_throw(const std::function<void()>& fn) {
   try {
     fn();
@@ -172,12 +183,7 @@ TEST(OnchipMma, EveryCompiledVariantOnSmallShapes) {
           for (int accs = 1; accs <= sd::kOnchipMaxAccs; ++accs)
             for (int g : {0, 1, 2, 16})
               for (int rows : {1, 2}) {
-                sd::OnchipTactic t;
-                t.splits = s;
-                t.kw = kw;
-                t.accs = accs;
-                t.stage_warps = g;
-                for (int m = 9; m <= M; ++m) t.row_tiles[m - 1] = rows;  // token tile 16
+                const sd::OnchipTactic t = tactic(s, kw, accs, g, rows);
                 if (sd::onchip_unsupported(n, k, t)) continue;
                 // The normal distribution at every variant, the others at the
                 // default stages only.
@@ -241,12 +247,7 @@ TEST(OnchipMma, SameBitsAsTheSplitKEngineAtEverySAndStage) {
             }
             for (int g : {0, 1})
               for (int rows : {1, 2}) {
-                sd::OnchipTactic ot;
-                ot.splits = s;
-                ot.kw = kw;
-                ot.accs = accs;
-                ot.stage_warps = g;
-                for (int m = 9; m <= M; ++m) ot.row_tiles[m - 1] = rows;  // token tile 16
+                const sd::OnchipTactic ot = tactic(s, kw, accs, g, rows);
                 if (sd::onchip_unsupported(n, k, ot)) continue;
                 keep.push_back(std::make_unique<sd::Unpooler>(onchip_unpooler(p.dw.get(), n, k, ot)));
                 sd::Unpooler* u = keep.back().get();

@@ -124,10 +124,14 @@ _LOADS = {"LDG", "LD", "LDS", "LDSM", "LDGSTS", "LDGDEPBAR"}
 _STORES = {"STG", "ST", "STS", "STAS", "RED", "ATOM", "ATOMG", "ATOMS"}
 
 
+# An instruction's guard predicate ("@!P0 ", "@UP1 ", "@PT ").
+_GUARD = r"^@!?U?P[T0-9]+\s+"
+
+
 def opcode(ins):
     """An instruction's opcode without its predicate and modifiers
     ("@!P0 LDG.E.128 R4, ..." -> "LDG")."""
-    text = re.sub(r"^@!?U?P[T0-9]+\s+", "", ins.strip())
+    text = re.sub(_GUARD, "", ins.strip())
     return text.split()[0].split(".")[0] if text else ""
 
 
@@ -177,9 +181,9 @@ def successors(code, labels, i):
     """The instructions control may reach from code[i]; None where it cannot
     be told (an indirect branch). A predicated BRA or EXIT may fall through;
     "BRA P4, ..." is conditional too."""
-    ins = code[i]
+    ins = code[i].strip()
     op = opcode(ins)
-    predicated = re.match(r"^@!?U?P[0-9]", ins.strip()) is not None
+    predicated = re.match(_GUARD, ins) is not None and not ins.startswith("@PT")
     nxt = [i + 1] if i + 1 < len(code) else []
     if op in ("BRX", "JMX", "RET", "JMP"):
         return None
@@ -189,7 +193,7 @@ def successors(code, labels, i):
         m = re.search(r"`\((\.L_\w+)\)", ins)
         if not m or m.group(1) not in labels:
             return None
-        conditional = predicated or re.match(r"^BRA(\.\S+)?\s+!?U?P[0-9]", re.sub(r"^@!?U?P[T0-9]+\s+", "", ins.strip()))
+        conditional = predicated or re.match(r"^BRA(\.\S+)?\s+!?U?P[0-9]", re.sub(_GUARD, "", ins))
         return [labels[m.group(1)]] + (nxt if conditional else [])
     return nxt
 
@@ -204,22 +208,26 @@ def on_path_to(code, labels, target):
             return set(range(target))
         succ[i] = s
     # Forward from the entry, stopping at the wait (code past it, reached by
-    # a branch around it, is not expanded), then back from the wait.
+    # a branch around it, is not expanded), then back from the wait over the
+    # instructions reached.
     reach, todo = {0}, [0]
     while todo:
         i = todo.pop()
-        for j in succ.get(i, []) if i < target else []:
+        for j in succ.get(i, []):
             if j not in reach:
                 reach.add(j)
                 todo.append(j)
-    leads, changed = {target}, True
-    while changed:
-        changed = False
-        for i in reach - leads:
-            if any(j in leads for j in succ.get(i, [])):
+    preds = {}
+    for i in reach:
+        for j in succ.get(i, []):
+            preds.setdefault(j, []).append(i)
+    leads, todo = set(), [target]
+    while todo:
+        for i in preds.get(todo.pop(), []):
+            if i not in leads:
                 leads.add(i)
-                changed = True
-    return {i for i in reach if i in leads and i < target}
+                todo.append(i)
+    return leads
 
 
 def head_stores(fn, code, labels, wait):

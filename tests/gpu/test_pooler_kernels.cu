@@ -3,6 +3,7 @@
 // ExpertNorm against an FP64 model, and the pooler GEMM (every compiled
 // skinny shape, the table, the MMA engine) against the FP64 GEMM reference,
 // bitwise reproducible and batch invariant; outputs poisoned, guards intact.
+#include <cuda_fp4.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -11,6 +12,7 @@
 #include <memory>
 #include <utility>
 
+#include "kernels/nvfp4/nvfp4.cuh"
 #include "pooler_test_util.h"
 #include "spark_decode/expert_norm.h"
 #include "spark_decode/model_shape.h"
@@ -89,6 +91,44 @@ TEST(PoolerNvfp4, GpuQuantizerEqualsCpuReferenceExceptRcpApprox) {
   // mean something other than the reciprocal differs.
   EXPECT_LE(code_diffs, codes / 10000);
   EXPECT_LE(sf_diffs, blocks / 10000);
+}
+
+// Every float32 bit pattern through the E2M1 conversion the quantizers run
+// on this GPU (e2m1.h's software form on sm_90a, the instruction
+// where it exists) against CUDA's own device conversion (cuda_fp4.h). The
+// CPU test checks the same formula exhaustively on the host; this one checks
+// what the device compiler made of it (contraction, flushing).
+__global__ void e2m1_sweep_kernel(unsigned long long* mismatches, unsigned int* first) {
+  const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
+  unsigned long long bad = 0;
+  for (uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (uint64_t{1} << 32); i += stride) {
+    const float f = __uint_as_float(static_cast<uint32_t>(i));
+    const uint32_t want = __nv_cvt_float_to_fp4(f, __NV_E2M1, cudaRoundNearest);
+    const uint32_t ours = sd::kernels::nvfp4::cvt_e2m1x2_f32(0.0f, f) & 0xfu;
+    const uint32_t formula = sd::nvfp4_common::e2m1_code(f);
+    if (ours != want || formula != want) {
+      ++bad;
+      atomicMin(first, static_cast<uint32_t>(i));
+    }
+  }
+  if (bad) atomicAdd(mismatches, bad);
+}
+
+TEST(PoolerNvfp4, DeviceE2m1EqualsCudasConversionForEveryFloat) {
+  SKIP_WITHOUT_GPU(1);
+  DeviceBuffer mismatches(sizeof(unsigned long long)), first(sizeof(unsigned int));
+  const unsigned long long zero = 0;
+  const unsigned int none = 0xffffffffu;
+  mismatches.upload(&zero, sizeof zero);
+  first.upload(&none, sizeof none);
+  e2m1_sweep_kernel<<<1024, 256>>>(mismatches.as<unsigned long long>(), first.as<unsigned int>());
+  CUDA_CHECK(cudaGetLastError());
+  CUDA_CHECK(cudaDeviceSynchronize());
+  unsigned long long bad = 0;
+  unsigned int at = 0;
+  CUDA_CHECK(cudaMemcpy(&bad, mismatches.get(), sizeof bad, cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpy(&at, first.get(), sizeof at, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(bad, 0u) << "first mismatching float bits 0x" << std::hex << at;
 }
 
 TEST(PoolerNvfp4, RefusesBadArguments) {

@@ -64,9 +64,16 @@ __device__ __forceinline__ float nvfp4_compute_output_scale(uint32_t fp8_val, fl
 // byte (returned).
 __device__ __forceinline__ uint32_t quantize_block(const float (&y)[kBlock], float global_scale,
                                                    uint32_t (&packed)[2]) {
-  float vmax = 0.0f;
+  // max.f32 returns the other operand of a NaN and is exact, so any order
+  // gives the same vmax (the largest non-NaN |y_i|, or 0): a tree, four
+  // dependent steps instead of sixteen.
+  float m[kBlock / 2];
 #pragma unroll
-  for (int i = 0; i < kBlock; ++i) vmax = fmax_f32(vmax, fabs_f32(y[i]));
+  for (int i = 0; i < kBlock / 2; ++i) m[i] = fmax_f32(fabs_f32(y[i]), fabs_f32(y[i + kBlock / 2]));
+#pragma unroll
+  for (int i = 0; i < 4; ++i) m[i] = fmax_f32(m[i], m[i + 4]);
+  m[0] = fmax_f32(fmax_f32(m[0], m[2]), fmax_f32(m[1], m[3]));
+  const float vmax = fmax_f32(0.0f, m[0]);
   const float sf_value = __fmul_rn(global_scale, __fmul_rn(vmax, rcp_approx_ftz(6.0f)));
   const uint32_t sf = cvt_f32_to_e4m3(sf_value);
   const float out_scale = nvfp4_compute_output_scale(sf, global_scale);

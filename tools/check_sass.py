@@ -72,6 +72,30 @@ ZERO_STORES_OFF_THE_WAIT = ("18gather_norm_kernel",)
 NO_LOCAL_LOADS = ("18gather_norm_kernel", "21mailbox_gather_kernel", "22mailbox_publish_kernel")
 
 
+# Kernels whose NVFP4 block conversion must compile without a branch, from
+# the block scale's conversion to E4M3 to the codes' store: sm_90a has no
+# E2M1 instruction, and an early return per value in the software conversion
+# (for NaN) compiled to a branch region per value, sixteen in a row, which
+# was most of the quantizer's time (docs/perf/consumer.md, "The quantizer's
+# machine code"). gather_norm_kernel<1>, <2>: the consumer's NVFP4 formats.
+BRANCH_FREE_QUANTIZER = ("18gather_norm_kernelILi1E", "18gather_norm_kernelILi2E", "21nvfp4_quantize_kernel")
+
+
+def quantizer_branches(code):
+    """The branches between the first E4M3 conversion (F2FP.SATFINITE.E4M3)
+    and the next global store, or None where there is no such conversion."""
+    start = next((i for i, ins in enumerate(code) if re.search(r"\bF2FP\.SATFINITE\.E4M3\b", ins)), None)
+    if start is None:
+        return None
+    branches = []
+    for ins in code[start:]:
+        if opcode(ins) == "STG":
+            break
+        if opcode(ins) in ("BRA", "BSSY"):
+            branches.append(ins)
+    return branches
+
+
 # Kernels whose weight streams are cp.async copies into shared memory
 # (LDGSTS): only there does an LDGSTS before the wait count as a weight load.
 CP_ASYNC = ("15ring_mma_kernel",)
@@ -286,6 +310,14 @@ def main(objects):
             sass = subprocess.run([nvdisasm, "-c", os.path.join(tmp, cubin)], check=True,
                                   capture_output=True, text=True).stdout
             for fn, (code, labels) in functions(sass).items():
+                if any(frag in fn for frag in BRANCH_FREE_QUANTIZER):
+                    checked += 1
+                    branches = quantizer_branches(code)
+                    if branches is None:
+                        failures.append(f"{cubin} {fn}: no E4M3 block-scale conversion (F2FP.SATFINITE.E4M3)")
+                    elif branches:
+                        failures.append(f"{cubin} {fn}: {len(branches)} branches in the NVFP4 block conversion: "
+                                        + branches[0])
                 rule = next((r for frag, r in KERNELS.items() if frag in fn), None)
                 if rule is None:
                     continue

@@ -7,7 +7,8 @@ copies are not judged. The fused consumer's two launch points: one before
 the wait and one after its first polling load, or it fails. The on-chip
 engine's head: bulk copies and mbarrier setup only. The fused consumer's
 zero stores before the wait: allowed on a path that exits without waiting,
-judged by control flow."""
+judged by control flow. The NVFP4 block conversion: no branch from the
+scale's E4M3 conversion to the codes' store."""
 import os
 import sys
 import unittest
@@ -160,6 +161,24 @@ class ZeroStoresOffTheWait(unittest.TestCase):
         self.assertEqual(check_sass.functions(sass), {"_Z1fv": (["@P0 BRA `(.L_x_0)", "EXIT", "ACQBULK"],
                                                                 {".L_x_0": 2})})
 
+
+
+class BranchFreeQuantizer(unittest.TestCase):
+    SCALE = "F2FP.SATFINITE.E4M3.F32.PACK_AB_MERGE_C R16, RZ, R17, RZ"
+    STORE = "STG.E.64 desc[UR36][R2.64], R8"
+
+    def test_straight_line_conversion_passes(self):
+        code = ["MUFU.RSQ R10, R10", self.SCALE, "FSEL R29, R14, 0.5, !P5", "FFMA R29, R24, R29, R31",
+                "SEL R13, R13, 0x7, !P3", self.STORE, "@P0 BRA `(.L_x_3)", "EXIT"]
+        self.assertEqual(check_sass.quantizer_branches(code), [])
+
+    def test_a_branch_per_value_fails(self):
+        code = [self.SCALE, "BSSY B0, `(.L_x_1)", "ISETP.GT.U32.AND P0, PT, R21, 0x7f800000, PT",
+                "@P0 BRA `(.L_x_1)", "FSETP.GE.AND P2, PT, R21, 0.75, PT", "BSYNC B0", self.STORE]
+        self.assertEqual(len(check_sass.quantizer_branches(code)), 2)
+
+    def test_no_scale_conversion_is_reported(self):
+        self.assertIsNone(check_sass.quantizer_branches(["FMUL R1, R2, R3", self.STORE]))
 
 if __name__ == "__main__":
     unittest.main()

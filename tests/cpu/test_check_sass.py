@@ -162,7 +162,6 @@ class ZeroStoresOffTheWait(unittest.TestCase):
                                                                 {".L_x_0": 2})})
 
 
-
 class BranchFreeQuantizer(unittest.TestCase):
     SCALE = "F2FP.SATFINITE.E4M3.F32.PACK_AB_MERGE_C R16, RZ, R17, RZ"
     STORE = "STG.E.64 desc[UR36][R2.64], R8"
@@ -179,6 +178,7 @@ class BranchFreeQuantizer(unittest.TestCase):
 
     def test_no_scale_conversion_is_reported(self):
         self.assertIsNone(check_sass.quantizer_branches(["FMUL R1, R2, R3", self.STORE]))
+
 
 if __name__ == "__main__":
     unittest.main()

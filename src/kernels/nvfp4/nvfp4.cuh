@@ -66,10 +66,12 @@ __device__ __forceinline__ uint32_t quantize_block(const float (&y)[kBlock], flo
                                                    uint32_t (&packed)[2]) {
   // max.f32 returns the other operand of a NaN and is exact, so any order
   // gives the same vmax (the largest non-NaN |y_i|, or 0): a tree, four
-  // dependent steps instead of sixteen.
-  float m[kBlock / 2];
+  // dependent steps instead of sixteen. Written out level by level: a loop
+  // over the levels kept m in local memory.
+  static_assert(kBlock == 16, "the max tree has four levels");
+  float m[8];
 #pragma unroll
-  for (int i = 0; i < kBlock / 2; ++i) m[i] = fmax_f32(fabs_f32(y[i]), fabs_f32(y[i + kBlock / 2]));
+  for (int i = 0; i < 8; ++i) m[i] = fmax_f32(fabs_f32(y[i]), fabs_f32(y[i + 8]));
 #pragma unroll
   for (int i = 0; i < 4; ++i) m[i] = fmax_f32(m[i], m[i + 4]);
   m[0] = fmax_f32(fmax_f32(m[0], m[2]), fmax_f32(m[1], m[3]));

@@ -1,16 +1,17 @@
 #!/usr/bin/env python3
 """Ranks unpooler tactics from a `tune unpooler` run with PDL off and one with
-`--pdl` (two JSON files of bench/results), the way the tactic table is chosen.
+`--pdl` (two JSON files of bench/results), and optionally one with
+`--after-stream`, the way the tactic table is chosen.
 
-A tactic's S, kw and accs fix the bits, so one row of the table serves both
-modes; its row tiling and load order change only the schedule, and one choice
-per m serves both modes too. So, per tactic (everything but the row tiling)
-and per m, the row tiling with the lowest sum of the two modes' times is
-taken, and tactics rank by the sum of the two modes' means over m. (Picking
-the best row tiling of each mode separately, as `tune` prints, can rank a
-tactic by a combination no table row can hold.)
+A tactic's S, kw and accs fix the bits, so one row of the table serves every
+mode; its row tiling and load order change only the schedule, and one choice
+per m serves every mode too. So, per tactic (everything but the row tiling)
+and per m, the row tiling with the lowest sum of the modes' times is taken,
+and tactics rank by the sum of the modes' means over m. (Picking the best row
+tiling of each mode separately, as `tune` prints, can rank a tactic by a
+combination no table row can hold.)
 
-  tools/rank_tune.py OFF.json PDL.json [--top 6] [--n N] [--check [TABLE]]
+  tools/rank_tune.py OFF.json PDL.json [--after AFTER.json] [--top 6] [--n N] [--check [TABLE]]
 
 --check compares each model shape's best tactic (S, kw, accs, the cluster
 policy and row swizzle) with its rows in the plan table (default
@@ -42,29 +43,31 @@ def load(path):
     return out
 
 
-def rank(off, pdl):
-    """{(n, k): [(sum, mean_off, mean_pdl, tactic, [(m, rows, off, pdl)])]} best first;
-    tactics measured in only one mode, or at an m in only one, are left out."""
+def rank(*modes):
+    """{(n, k): [(sum, (mean per mode), tactic, [(m, rows, (us per mode))])]} best
+    first, for the modes' loaded files in order (PDL off, PDL chain[, after the
+    stand-in]); tactics missing a mode, or an m in one, are left out."""
+    first, rest = modes[0], modes[1:]
     ranked = {}
-    for shape in sorted(off, reverse=True):
+    for shape in sorted(first, reverse=True):
         rows_out = []
-        for tactic, a in off[shape].items():
-            b = pdl.get(shape, {}).get(tactic)
-            if not b:
+        for tactic, a in first[shape].items():
+            others = [mode.get(shape, {}).get(tactic) for mode in rest]
+            if not all(others):
                 continue
+            every = (a, *others)
             ms = sorted({m for m, _ in a})
             per_m = []
             for m in ms:
-                both = [(a[(m, r)] + b[(m, r)], r) for mm, r in a if mm == m and (m, r) in b]
-                if not both:
+                tilings = [r for mm, r in a if mm == m and all((m, r) in o for o in others)]
+                if not tilings:
                     break
-                _, r = min(both)
-                per_m.append((m, r, a[(m, r)], b[(m, r)]))
+                r = min(tilings, key=lambda r: sum(o[(m, r)] for o in every))
+                per_m.append((m, r, tuple(o[(m, r)] for o in every)))
             if len(per_m) != len(ms) or not ms:
                 continue
-            mo = sum(p[2] for p in per_m) / len(per_m)
-            mp = sum(p[3] for p in per_m) / len(per_m)
-            rows_out.append((mo + mp, mo, mp, tactic, per_m))
+            means = tuple(sum(p[2][i] for p in per_m) / len(per_m) for i in range(len(every)))
+            rows_out.append((sum(means), means, tactic, per_m))
         ranked[shape] = sorted(rows_out, key=lambda t: t[0])
     return ranked
 
@@ -73,19 +76,22 @@ def main(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("off", help="tune JSON with PDL off (mode graph)")
     ap.add_argument("pdl", help="tune JSON of the same tactics with --pdl (mode pdl_chain)")
+    ap.add_argument("--after", help="tune JSON of the same tactics with --after-stream (mode after_stream)")
     ap.add_argument("--top", type=int, default=6)
     ap.add_argument("--n", type=int, help="only this N")
     ap.add_argument("--check", nargs="?", const=plan_table.DEFAULT, metavar="TABLE",
                     help="compare with the plan table (default src/tuning/h200.inc)")
     args = ap.parse_args(argv)
-    ranked = rank(load(args.off), load(args.pdl))
+    files = [args.off, args.pdl] + ([args.after] if args.after else [])
+    names = " + ".join(["PDL off", "PDL chain", "after the stand-in"][: len(files)])
+    ranked = rank(*(load(f) for f in files))
     for (n, k), rows in ranked.items():
         if args.n and n != args.n:
             continue
-        print(f"N={n} K={k}: sum of means (PDL off + PDL chain), us; per m: off / chain (row tiles)")
-        for total, mo, mp, tactic, per_m in rows[: args.top]:
-            cells = " ".join(f"{m}:{o:.2f}/{p:.2f}(r{r})" for m, r, o, p in per_m)
-            print(f"  {total:6.2f} = {mo:5.2f} + {mp:5.2f}  {tactic}  |  {cells}")
+        print(f"N={n} K={k}: sum of means ({names}), us; per m: {' / '.join(names.split(' + '))} (row tiles)")
+        for total, means, tactic, per_m in rows[: args.top]:
+            cells = " ".join(f"{m}:{'/'.join(f'{u:.2f}' for u in us)}(r{r})" for m, r, us in per_m)
+            print(f"  {total:6.2f} = {' + '.join(f'{u:5.2f}' for u in means)}  {tactic}  |  {cells}")
     return check(args.check, ranked) if args.check else 0
 
 
@@ -101,7 +107,7 @@ def check(path, ranked):
         if where is None or not tactics:
             continue
         op, tp = where
-        best = tactics[0][3]
+        best = tactics[0][2]
         s, kw, accs = (int(v) for v in TACTIC.search(best).groups())
         want = (s, kw, accs, "cluster_balance" in best and s > 1, "unswizzled" not in best)
         for r in rows:

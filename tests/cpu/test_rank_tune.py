@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""tools/rank_tune.py on hand-made tune records: one row tiling per m for both
-modes, the sum of the two modes' means, tactics missing a mode left out."""
+"""tools/rank_tune.py on hand-made tune records: one row tiling per m for every
+mode, the sum of the modes' means, tactics missing a mode left out."""
 import io
 import json
 import os
@@ -42,11 +42,38 @@ class RankTune(unittest.TestCase):
             os.unlink(off)
             os.unlink(pdl)
         # S=4 has no PDL record: left out.
-        self.assertEqual([r[3] for r in ranked], [b, a])
-        total, mean_off, mean_pdl, tactic, per_m = ranked[0]
-        self.assertEqual((total, mean_off, mean_pdl), (8.5, 6.0, 2.5))
+        self.assertEqual([r[2] for r in ranked], [b, a])
+        total, means, tactic, per_m = ranked[0]
+        self.assertEqual((total, means), (8.5, (6.0, 2.5)))
         self.assertEqual(ranked[1][0], 9.0)  # A at two tiles: 6 + 3, not 5 + 3
-        self.assertEqual(ranked[1][4], [(1, 2, 6.0, 3.0)])
+        self.assertEqual(ranked[1][3], [(1, 2, (6.0, 3.0))])
+
+    def test_a_third_mode_joins_the_sum_and_the_row_tiling_choice(self):
+        # After the stand-in, A's one row tile is far slower (9 vs 2): with the
+        # third mode A's one choice is still two tiles (6 + 3 + 2 = 11 against
+        # 5 + 4.5 + 9), and B (6 + 2.5 + 4 = 12.5) now ranks after A. C has no
+        # record after the stand-in: left out.
+        a, a2 = "S=1 kw=256 accs=1 tile16_from_m=9", "S=1 kw=256 accs=1 tile16_from_m=9 rows32_at_m=9-16"
+        b, c = "S=2 kw=256 accs=1 tile16_from_m=9", "S=4 kw=256 accs=1 tile16_from_m=9"
+        files = [write([record(a, 9, 5.0, mode), record(a2, 9, 6.0, mode), record(b, 9, 6.0, mode),
+                        record(c, 9, 1.0, mode)]) for mode in ("graph",)]
+        files.append(write([record(a, 9, 4.5, "pdl_chain"), record(a2, 9, 3.0, "pdl_chain"),
+                            record(b, 9, 2.5, "pdl_chain"), record(c, 9, 1.0, "pdl_chain")]))
+        files.append(write([record(a, 9, 9.0, "after_stream"), record(a2, 9, 2.0, "after_stream"),
+                            record(b, 9, 4.0, "after_stream")]))
+        try:
+            ranked = rank_tune.rank(*(rank_tune.load(f) for f in files))[(64, 512)]
+            out = io.StringIO()
+            with redirect_stdout(out):
+                rc = rank_tune.main([files[0], files[1], "--after", files[2]])
+        finally:
+            for f in files:
+                os.unlink(f)
+        self.assertEqual([(r[0], r[2]) for r in ranked], [(11.0, a), (12.5, b)])
+        self.assertEqual(ranked[0][3], [(9, 2, (6.0, 3.0, 2.0))])
+        self.assertEqual(rc, 0)
+        self.assertIn("sum of means (PDL off + PDL chain + after the stand-in)", out.getvalue())
+        self.assertIn("11.00 =  6.00 +  3.00 +  2.00", out.getvalue())
 
 
     def test_check_against_the_plan_table(self):

@@ -83,12 +83,12 @@ def main(argv):
                     help="compare with the plan table (default src/tuning/h200.inc)")
     args = ap.parse_args(argv)
     files = [args.off, args.pdl] + ([args.after] if args.after else [])
-    names = " + ".join(["PDL off", "PDL chain", "after the stand-in"][: len(files)])
+    names = ["PDL off", "PDL chain", "after the stand-in"][: len(files)]
     ranked = rank(*(load(f) for f in files))
     for (n, k), rows in ranked.items():
         if args.n and n != args.n:
             continue
-        print(f"N={n} K={k}: sum of means ({names}), us; per m: {' / '.join(names.split(' + '))} (row tiles)")
+        print(f"N={n} K={k}: sum of means ({' + '.join(names)}), us; per m: {' / '.join(names)} (row tiles)")
         for total, means, tactic, per_m in rows[: args.top]:
             cells = " ".join(f"{m}:{'/'.join(f'{u:.2f}' for u in us)}(r{r})" for m, r, us in per_m)
             print(f"  {total:6.2f} = {' + '.join(f'{u:5.2f}' for u in means)}  {tactic}  |  {cells}")

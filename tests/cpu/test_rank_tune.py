@@ -55,12 +55,12 @@ class RankTune(unittest.TestCase):
         # record after the stand-in: left out.
         a, a2 = "S=1 kw=256 accs=1 tile16_from_m=9", "S=1 kw=256 accs=1 tile16_from_m=9 rows32_at_m=9-16"
         b, c = "S=2 kw=256 accs=1 tile16_from_m=9", "S=4 kw=256 accs=1 tile16_from_m=9"
-        files = [write([record(a, 9, 5.0, mode), record(a2, 9, 6.0, mode), record(b, 9, 6.0, mode),
-                        record(c, 9, 1.0, mode)]) for mode in ("graph",)]
-        files.append(write([record(a, 9, 4.5, "pdl_chain"), record(a2, 9, 3.0, "pdl_chain"),
-                            record(b, 9, 2.5, "pdl_chain"), record(c, 9, 1.0, "pdl_chain")]))
-        files.append(write([record(a, 9, 9.0, "after_stream"), record(a2, 9, 2.0, "after_stream"),
-                            record(b, 9, 4.0, "after_stream")]))
+        files = [write([record(a, 9, 5.0, "graph"), record(a2, 9, 6.0, "graph"), record(b, 9, 6.0, "graph"),
+                        record(c, 9, 1.0, "graph")]),
+                 write([record(a, 9, 4.5, "pdl_chain"), record(a2, 9, 3.0, "pdl_chain"),
+                        record(b, 9, 2.5, "pdl_chain"), record(c, 9, 1.0, "pdl_chain")]),
+                 write([record(a, 9, 9.0, "after_stream"), record(a2, 9, 2.0, "after_stream"),
+                        record(b, 9, 4.0, "after_stream")])]
         try:
             ranked = rank_tune.rank(*(rank_tune.load(f) for f in files))[(64, 512)]
             out = io.StringIO()

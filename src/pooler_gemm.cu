@@ -82,9 +82,11 @@ PoolerGemm::PoolerGemm(const TensorRef& weight, int tp, Options options)
   if (!splitk_rows.empty()) engines_->splitk.emplace(weight_, n_, k_, device_, tactic, enable_pdl_, splitk_rows);
   if (ring) engines_->ring.emplace(weight_, n_, k_, device_, enable_pdl_);
   // (pooler_choice_unsupported checked the on-chip tactic above.)
-  if (!onchip_rows.empty())
-    engines_->onchip.emplace(weight_, n_, k_, device_, onchip_tactic(PlanOp::pooler, n_, k_), enable_pdl_,
-                             onchip_rows);
+  if (!onchip_rows.empty()) {
+    std::array<OnchipTactic, kMaxBatch> tactic_of;
+    for (int b = 1; b <= kMaxBatch; ++b) tactic_of[b - 1] = onchip_tactic(PlanOp::pooler, n_, k_, b);
+    engines_->onchip.emplace(weight_, n_, k_, device_, tactic_of, enable_pdl_, onchip_rows);
+  }
   // Load the skinny kernels now: never lazily under capture.
   for (int b : batches)
     if (choice_[b - 1]->engine == GemmEngine::skinny) engines::prepare_skinny(choice_[b - 1]->shape, b);

@@ -49,10 +49,14 @@ std::optional<std::string> Unpooler::unsupported(const TensorRef& weight, const 
 std::optional<std::string> Unpooler::unsupported(const TensorRef& weight) {
   if (weight.ndim != 2) return unsupported(weight, SplitKTactic{});
   const int n = static_cast<int>(weight.shape[0]), k = static_cast<int>(weight.shape[1]);
-  bool splitk = false, onchip = false;
-  for (int m = 1; m <= kMaxBatch; ++m) (unpooler_engine(n, k, m) == GemmEngine::onchip_mma ? onchip : splitk) = true;
-  if (onchip)
-    if (auto why = unsupported(weight, spark_decode::onchip_tactic(PlanOp::unpooler, n, k))) return why;
+  bool splitk = false;
+  for (int m = 1; m <= kMaxBatch; ++m) {
+    if (unpooler_engine(n, k, m) != GemmEngine::onchip_mma) {
+      splitk = true;
+    } else if (auto why = unsupported(weight, spark_decode::onchip_tactic(PlanOp::unpooler, n, k, m))) {
+      return why;
+    }
+  }
   if (splitk) return unsupported(weight, unpooler_tactic(n, k));
   return std::nullopt;
 }
@@ -72,9 +76,11 @@ Unpooler::Unpooler(const TensorRef& weight, Options options)
     (engine_of_[m - 1] == GemmEngine::onchip_mma ? onchip : splitk) = true;
   }
   tactic_ = options.tactic ? *options.tactic : unpooler_tactic(n_, k_);
-  onchip_ = options.onchip ? *options.onchip : spark_decode::onchip_tactic(PlanOp::unpooler, n_, k_);
-  if (onchip)
-    if (auto reason = unsupported(weight, onchip_)) throw InvalidArgument(*reason);
+  for (int m = 1; m <= kMaxBatch; ++m) {
+    onchip_[m - 1] = options.onchip ? *options.onchip : spark_decode::onchip_tactic(PlanOp::unpooler, n_, k_, m);
+    if (engine_of_[m - 1] == GemmEngine::onchip_mma)
+      if (auto reason = unsupported(weight, onchip_[m - 1])) throw InvalidArgument(*reason);
+  }
   if (splitk)
     if (auto reason = unsupported(weight, tactic_)) throw InvalidArgument(*reason);
   mailbox_ = options.mailbox;
@@ -112,14 +118,20 @@ Unpooler::Unpooler(const TensorRef& weight, Options options)
 }
 
 std::string Unpooler::describe() const {
-  // "engine tactic", and " at m a..b" per engine where there are two.
+  // "engine tactic", and " at m a..b" per engine and tactic where there are
+  // two.
   std::string text;
+  const auto same = [&](int a, int b) {  // m = a and m = b run alike
+    return engine_of_[a - 1] == engine_of_[b - 1] &&
+           (engine_of_[a - 1] != GemmEngine::onchip_mma || onchip_[a - 1] == onchip_[b - 1]);
+  };
   for (int m = 1; m <= kMaxBatch;) {
     int last = m;
-    while (last < kMaxBatch && engine_of_[last] == engine_of_[m - 1]) ++last;
+    while (last < kMaxBatch && same(last + 1, m)) ++last;
     const bool onchip = engine_of_[m - 1] == GemmEngine::onchip_mma;
     if (!text.empty()) text += "; ";
-    text += std::string(engine_name(engine_of_[m - 1])) + " " + (onchip ? onchip_.to_string() : tactic_.to_string());
+    text += std::string(engine_name(engine_of_[m - 1])) + " " +
+            (onchip ? onchip_[m - 1].to_string() : tactic_.to_string());
     if (m > 1 || last < kMaxBatch) text += " at m " + std::to_string(m) + ".." + std::to_string(last);
     m = last + 1;
   }
@@ -161,14 +173,14 @@ void Unpooler::run(const void* x, void* out, int m, cudaStream_t stream) {
   }
   if (ticket_) detail::require_disjoint(out, out_bytes, ticket_, sizeof(int32_t), "out may not overlap the ticket");
   const bool onchip = engine(m) == GemmEngine::onchip_mma;
-  const int tile = onchip ? onchip_.token_tile[m - 1] : tactic_.token_tile[m - 1];
-  const int row_tiles = onchip ? onchip_.row_tiles[m - 1] : tactic_.row_tiles[m - 1];
-  if (onchip ? !onchip_engine_->prepared(tile, row_tiles) : !engine_->prepared(tile, row_tiles)) {
+  const int tile = onchip ? onchip_[m - 1].token_tile[m - 1] : tactic_.token_tile[m - 1];
+  const int row_tiles = onchip ? onchip_[m - 1].row_tiles[m - 1] : tactic_.row_tiles[m - 1];
+  if (onchip ? !onchip_engine_->prepared(m) : !engine_->prepared(tile, row_tiles)) {
     SPARK_CHECK(!detail::is_capturing(stream), "the kernel for m=", m, " (token tile ", tile, ", ", row_tiles,
                 " row tiles) was not prepared at construction (rows), and cannot be under CUDA graph capture");
     detail::DeviceGuard guard(device_);
     if (onchip)
-      onchip_engine_->prepare(tile, row_tiles);
+      onchip_engine_->prepare(m);
     else
       engine_->prepare(tile, row_tiles);
   }

@@ -11,7 +11,11 @@ and tactics rank by the sum of the modes' means over m. (Picking the best row
 tiling of each mode separately, as `tune` prints, can rank a tactic by a
 combination no table row can hold.)
 
-  tools/rank_tune.py OFF.json PDL.json [--after AFTER.json] [--top 6] [--n N] [--check [TABLE]]
+  tools/rank_tune.py OFF.json PDL.json [--after AFTER.json] [--top 6] [--n N] [--m 9,16] [--check [TABLE]]
+
+--m ranks over those m only: the on-chip engine's rows of one shape may each
+take their own S, copy stages and cluster policy (the order of the sum is the
+shape's), so its tile-8 and tile-16 rows are ranked apart (--m 1,8, --m 9,16).
 
 --check compares each model shape's best tactic (S, kw, accs, the cluster
 policy and row swizzle) with its rows in the plan table (default
@@ -28,13 +32,14 @@ import plan_table
 ROWS = re.compile(r" rows(\d+)_at_m=\S+")
 
 
-def load(path):
-    """{(n, k): {tactic: {(m, row_tiles): us}}} of the spark records."""
+def load(path, ms=None):
+    """{(n, k): {tactic: {(m, row_tiles): us}}} of the spark records (of the m
+    in `ms` where given)."""
     out = defaultdict(lambda: defaultdict(dict))
     with open(path) as f:
         records = json.load(f)["records"]
     for r in records:
-        if r["impl"] != "spark":
+        if r["impl"] != "spark" or (ms and r["m"] not in ms):
             continue
         found = ROWS.search(r["variant"])
         rows = int(found.group(1)) // 16 if found else 1
@@ -79,12 +84,13 @@ def main(argv):
     ap.add_argument("--after", help="tune JSON of the same tactics with --after-stream (mode after_stream)")
     ap.add_argument("--top", type=int, default=6)
     ap.add_argument("--n", type=int, help="only this N")
+    ap.add_argument("--m", type=lambda v: {int(m) for m in v.split(",")}, help="only these m (comma-separated)")
     ap.add_argument("--check", nargs="?", const=plan_table.DEFAULT, metavar="TABLE",
                     help="compare with the plan table (default src/tuning/h200.inc)")
     args = ap.parse_args(argv)
     files = [args.off, args.pdl] + ([args.after] if args.after else [])
     names = ["PDL off", "PDL chain", "after the stand-in"][: len(files)]
-    ranked = rank(*(load(f) for f in files))
+    ranked = rank(*(load(f, args.m) for f in files))
     for (n, k), rows in ranked.items():
         if args.n and n != args.n:
             continue

@@ -13,7 +13,8 @@
 // output has the same bits whatever batch it came in (batch invariance):
 // one engine, except that the split-K and the on-chip engines, which sum in
 // the same order at the same kw and accs, may share a shape (one kw and accs
-// for both; one split-K tactic, one on-chip tactic).
+// for both; one split-K tactic; the on-chip rows' S, copy stages and cluster
+// policy may differ by row, as row tiles may).
 //
 // Plain C++ (no CUDA headers): the tables are checked without a GPU.
 #pragma once
@@ -234,9 +235,10 @@ struct PlanRow {
   int splits, kw, accs, token_tile, row_tiles;
   bool cluster_balance, row_swizzle;
   // Where the row names onchip_mma: the on-chip engine's S, warps per copy
-  // stage (OnchipTactic::stage_warps) and cluster policy for the shape, and
-  // its row tiles for these b (OnchipTactic::row_tiles); 0, 0, false, 0
-  // elsewhere (a forced on-chip engine then takes onchip_tactic's default).
+  // stage (OnchipTactic::stage_warps), cluster policy and row tiles
+  // (OnchipTactic::row_tiles) for these b; 0, 0, false, 0 elsewhere (a
+  // forced on-chip engine then runs the shape's first on-chip row, or
+  // onchip_tactic's default where there is none).
   int onchip_splits, onchip_stage_warps;
   bool onchip_cluster_balance;
   int onchip_row_tiles;
@@ -267,13 +269,17 @@ int model_tp(PlanOp op, int n, int k);
 // [n, k] is a model shape, else a valid default (or, for a shape no tactic
 // can run, one whose launch_unsupported() says why).
 SplitKTactic splitk_tactic(PlanOp op, int n, int k);
-// The on-chip tactic for an [n, k] weight of `op`: the table's rows where
-// [n, k] is a model shape and some of them name onchip_mma; otherwise the kw and accs
-// of splitk_tactic(op, n, k) (so the same bits as the split-K engine) where
+// The on-chip tactic that serves m rows of an [n, k] weight of `op`: where
+// [n, k] is a model shape and some of its rows name onchip_mma, the tactic of
+// the row of m if it does, else of the shape's first such row (what a
+// forced on-chip engine runs at that m); otherwise the kw and accs of
+// splitk_tactic(op, n, k) (so the same bits as the split-K engine) where
 // compiled, with the least S giving kOnchipTargetCtas CTAs that fits (else
-// the valid S with the most CTAs); for a shape nothing takes, one whose
-// onchip_unsupported() says why.
-OnchipTactic onchip_tactic(PlanOp op, int n, int k);
+// the valid S with the most CTAs), at every m; for a shape nothing takes, one
+// whose onchip_unsupported() says why. A shape's rows share the reduction
+// order (kw, accs) and may differ in S, copy stages, cluster policy and row
+// tiles, which move work between CTAs, never the sum.
+OnchipTactic onchip_tactic(PlanOp op, int n, int k, int m = 1);
 // The table as text, one row per line, for logs and `spark-decode tactics`.
 std::string format_plan_table();
 

@@ -88,7 +88,8 @@ class Unpooler {
     // unpooler_engine(N, K, m)).
     std::optional<GemmEngine> engine;
     std::optional<SplitKTactic> tactic;  // the split-K engine's; default: unpooler_tactic(N, K)
-    // The on-chip engine's; default: onchip_tactic(PlanOp::unpooler, N, K).
+    // The on-chip engine's, at every m; default: per m,
+    // onchip_tactic(PlanOp::unpooler, N, K, m).
     std::optional<OnchipTactic> onchip;
     // Row counts whose token tiles are prepared at construction (nullopt,
     // the default: all of 1..max_m; empty: none, as the Python binding's rows=()).
@@ -141,8 +142,9 @@ class Unpooler {
   GemmEngine engine(int m = 1) const { return engine_of_[std::clamp(m, 1, kMaxBatch) - 1]; }
   // The split-K tactic (what the m with engine(m) == splitk_mma run).
   const SplitKTactic& tactic() const { return tactic_; }
-  // The on-chip tactic (what the m with engine(m) == onchip_mma run).
-  const OnchipTactic& onchip_tactic() const { return onchip_; }
+  // The on-chip tactic of m rows (what they run where engine(m) ==
+  // onchip_mma).
+  const OnchipTactic& onchip_tactic(int m = 1) const { return onchip_[std::clamp(m, 1, kMaxBatch) - 1]; }
   // The engines and their tactics (with the m each serves where there are
   // two), for logs and benchmark records.
   std::string describe() const;
@@ -160,7 +162,7 @@ class Unpooler {
   bool enable_pdl_;
   std::array<GemmEngine, kMaxBatch> engine_of_{};  // the engine of m rows, [m - 1]
   SplitKTactic tactic_;
-  OnchipTactic onchip_;
+  std::array<OnchipTactic, kMaxBatch> onchip_;  // m's, [m - 1]
   std::unique_ptr<engines::SplitKMma> engine_;
   std::unique_ptr<engines::OnchipMma> onchip_engine_;
 };

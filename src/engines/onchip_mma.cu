@@ -1,6 +1,8 @@
 // The on-chip MMA engine: kernel selection, preparation and launch.
 #include "engines/onchip_mma.h"
 
+#include <algorithm>
+
 #include "cuda_utils.h"
 #include "kernels/common/launch.cuh"
 #include "kernels/gemm/onchip_mma.cuh"
@@ -42,54 +44,83 @@ kernels::LaunchShape launch_shape(int n, int k, const OnchipTactic& t, int tile,
 
 }  // namespace
 
-OnchipMma::OnchipMma(const void* weight, int n, int k, int device, const OnchipTactic& tactic, bool enable_pdl,
+OnchipMma::OnchipMma(const void* weight, int n, int k, int device,
+                     const std::array<OnchipTactic, kMaxBatch>& tactic_of, bool enable_pdl,
                      const std::vector<int>& rows)
-    : weight_(weight), n_(n), k_(k), device_(device), tactic_(tactic), stage_shift_(0), enable_pdl_(enable_pdl) {
-  while ((2 << stage_shift_) <= tactic_.stage_warps_for(k_)) ++stage_shift_;  // a power of two (checked)
-  for (int m : rows) prepare(tactic_.token_tile[m - 1], tactic_.row_tiles[m - 1]);
+    : weight_(weight), n_(n), k_(k), device_(device), enable_pdl_(enable_pdl) {
+  for (int m = 1; m <= kMaxBatch; ++m) {
+    const OnchipTactic& t = tactic_of[m - 1];
+    auto same = std::find_if(launches_.begin(), launches_.end(), [&](const Launch& l) { return l.tactic == t; });
+    if (same == launches_.end()) {
+      Launch l{t, 0};
+      while ((2 << l.stage_shift) <= t.stage_warps_for(k_)) ++l.stage_shift;  // a power of two (checked)
+      same = launches_.insert(launches_.end(), l);
+    }
+    of_[m - 1] = static_cast<int>(same - launches_.begin());
+  }
+  for (int m : rows) prepare(m);
 }
 
-void OnchipMma::prepare(int tile, int rows) {
+bool OnchipMma::prepared(int m) const {
+  const int v = variant_of(m);
+  return v >= 0 && launches_[of_[m - 1]].prepared[v];
+}
+
+bool OnchipMma::prepared(int tile, int rows) const {
+  const int v = variant(tile, rows);
+  return v >= 0 && std::any_of(launches_.begin(), launches_.end(), [&](const Launch& l) { return l.prepared[v]; });
+}
+
+int OnchipMma::resident_ctas(int m) const {
+  const int v = variant_of(m);
+  return v >= 0 ? launches_[of_[m - 1]].resident[v] : 0;
+}
+
+void OnchipMma::prepare(int m) {
+  Launch& l = launches_[of_[m - 1]];
+  const OnchipTactic& t = l.tactic;
+  const int tile = t.token_tile[m - 1], rows = t.row_tiles[m - 1];
   const int v = variant(tile, rows);
   SPARK_CHECK(v >= 0, "no on-chip MMA kernel for token tile ", tile, " and ", rows,
               " row tiles ((8, 1), (16, 1), (16, 2))");
-  if (prepared_[v]) return;
-  const KernelFn fn = kernel_for(tactic_, tile, rows);
-  const auto shape = launch_shape(n_, k_, tactic_, tile, rows, enable_pdl_);
+  if (l.prepared[v]) return;
+  const KernelFn fn = kernel_for(t, tile, rows);
+  const auto shape = launch_shape(n_, k_, t, tile, rows, enable_pdl_);
   // The cap is per kernel and per device, shared by every user of this
   // kernel: set it to the most any of them may need (the device's opt-in),
   // never to this one's size, which could lower it under another's feet.
   int optin = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
-  SPARK_CHECK_RUNTIME(shape.smem_bytes <= optin, "on-chip MMA tactic ", tactic_.to_string(), " at K=", k_, " needs ",
+  SPARK_CHECK_RUNTIME(shape.smem_bytes <= optin, "on-chip MMA tactic ", t.to_string(), " at K=", k_, " needs ",
                       shape.smem_bytes, " bytes of shared memory per block; cuda:", device_, " allows ", optin);
   CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
   int resident = 0;
-  if (tactic_.splits > 1) {
+  if (t.splits > 1) {
     // can_implement: a cluster of S such CTAs must fit an SM group at all.
-    resident = kernels::max_active_clusters(fn, shape) * tactic_.splits;
-    SPARK_CHECK_RUNTIME(resident > 0, "on-chip MMA tactic ", tactic_.to_string(), " with token tile ", tile,
-                        " and ", rows, " row tiles: no cluster of this shape fits the device");
+    resident = kernels::max_active_clusters(fn, shape) * t.splits;
+    SPARK_CHECK_RUNTIME(resident > 0, "on-chip MMA tactic ", t.to_string(), " with token tile ", tile, " and ", rows,
+                        " row tiles: no cluster of this shape fits the device");
   } else {
     int sms = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_));
     resident = kernels::max_active_blocks_per_sm(fn, shape) * sms;
-    SPARK_CHECK_RUNTIME(resident > 0, "on-chip MMA tactic ", tactic_.to_string(), " with token tile ", tile,
-                        " and ", rows, " row tiles: no CTA of this shape fits an SM");
+    SPARK_CHECK_RUNTIME(resident > 0, "on-chip MMA tactic ", t.to_string(), " with token tile ", tile, " and ", rows,
+                        " row tiles: no CTA of this shape fits an SM");
   }
-  resident_[v] = resident;
-  prepared_[v] = true;
+  l.resident[v] = resident;
+  l.prepared[v] = true;
 }
 
 void OnchipMma::launch(const void* x, void* out, int m, const MailboxView* publish, int32_t* ticket,
                        cudaStream_t stream) const {
-  const int tile = tactic_.token_tile[m - 1], rows = tactic_.row_tiles[m - 1];
+  const Launch& l = launches_[of_[m - 1]];
+  const int tile = l.tactic.token_tile[m - 1], rows = l.tactic.row_tiles[m - 1];
   kernels::GemmArgs args{static_cast<const __nv_bfloat16*>(weight_), static_cast<const __nv_bfloat16*>(x),
                          static_cast<__nv_bfloat16*>(out), n_, k_, m,
                          publish ? kernels::mailbox_dev::Publish::into(*publish, ticket, m)
                                  : kernels::mailbox_dev::Publish::none()};
-  kernels::launch(kernel_for(tactic_, tile, rows), launch_shape(n_, k_, tactic_, tile, rows, enable_pdl_), stream,
-                  args, stage_shift_);
+  kernels::launch(kernel_for(l.tactic, tile, rows), launch_shape(n_, k_, l.tactic, tile, rows, enable_pdl_), stream,
+                  args, l.stage_shift);
 }
 
 }  // namespace spark_decode::engines

@@ -16,21 +16,23 @@ namespace spark_decode::engines {
 
 class OnchipMma {
  public:
-  // An [n, k] BF16 weight at `tactic` (onchip_unsupported(n, k, tactic) is
-  // nullopt: the caller checked), on `device`, current. Prepares the kernels
-  // that serve the batches `rows` (RuntimeError where the device cannot run
-  // them: its shared-memory opt-in below the CTA's, no cluster of S CTAs or
-  // no CTA fitting an SM).
-  OnchipMma(const void* weight, int n, int k, int device, const OnchipTactic& tactic, bool enable_pdl,
-            const std::vector<int>& rows);
+  // An [n, k] BF16 weight on `device`, current. tactic_of[m - 1]: the tactic
+  // that serves m rows (each valid: onchip_unsupported(n, k, t) is nullopt,
+  // the caller checked). A plan table's on-chip rows of one shape may differ
+  // in S, copy stages, cluster policy and row tiles, never in the order of
+  // the sum (kw, accs). Prepares the kernels that serve the batches `rows`
+  // (RuntimeError where the device cannot run them: its shared-memory opt-in
+  // below the CTA's, no cluster of S CTAs or no CTA fitting an SM).
+  OnchipMma(const void* weight, int n, int k, int device, const std::array<OnchipTactic, kMaxBatch>& tactic_of,
+            bool enable_pdl, const std::vector<int>& rows);
 
+  // Whether the kernel that serves m rows is prepared; prepare(m) does it
+  // (not under CUDA graph capture).
+  bool prepared(int m) const;
+  void prepare(int m);
   // Whether the kernel of token tile `tile` (8, 16) and `rows` row tiles
-  // (1, 2) is prepared; prepare() does it (not under CUDA graph capture).
-  bool prepared(int tile, int rows) const {
-    const int v = variant(tile, rows);
-    return v >= 0 && prepared_[v];
-  }
-  void prepare(int tile, int rows);
+  // (1, 2) is prepared for some batch.
+  bool prepared(int tile, int rows) const;
 
   // out[m, n] = x[m, k] @ W^T, and with `publish` the same rows into its
   // mailbox (with `ticket`, at the ticket's stage). No checks: m's kernel is
@@ -38,29 +40,35 @@ class OnchipMma {
   void launch(const void* x, void* out, int m, const MailboxView* publish, int32_t* ticket,
               cudaStream_t stream) const;
 
-  const OnchipTactic& tactic() const { return tactic_; }
-  // CTAs of (token tile, row tiles) the device runs at once (clusters x S),
-  // found at prepare(): below the grid, the grid runs in more than one wave
-  // and its later CTAs stream nothing before the wait. 0 before prepare().
-  int resident_ctas(int tile, int rows) const {
-    const int v = variant(tile, rows);
-    return v >= 0 ? resident_[v] : 0;
-  }
+  const OnchipTactic& tactic(int m) const { return launches_[of_[m - 1]].tactic; }
+  // CTAs of m's kernel the device runs at once (clusters x S), found when it
+  // was prepared: below the grid, the grid runs in more than one wave and its
+  // later CTAs stream nothing before the wait. 0 before prepare(m).
+  int resident_ctas(int m) const;
 
  private:
-  const void* weight_;
-  int n_, k_, device_;
-  OnchipTactic tactic_;
-  int stage_shift_;  // log2 of the warps per copy stage
-  bool enable_pdl_;
-  // The compiled (token tile, row tiles): (8, 1), (16, 1), (16, 2); -1 for
-  // any other.
+  // One tactic and its kernels: the compiled (token tile, row tiles) are
+  // (8, 1), (16, 1), (16, 2); variant() numbers them, -1 for any other.
+  struct Launch {
+    OnchipTactic tactic;
+    int stage_shift;  // log2 of the warps per copy stage
+    std::array<bool, 3> prepared{};
+    std::array<int, 3> resident{};
+  };
   static int variant(int tile, int rows) {
     if (rows != 1 && rows != 2) return -1;
     return tile == 8 ? (rows == 1 ? 0 : -1) : rows == 1 ? 1 : 2;
   }
-  std::array<bool, 3> prepared_{};
-  std::array<int, 3> resident_{};
+  int variant_of(int m) const {
+    const OnchipTactic& t = tactic(m);
+    return variant(t.token_tile[m - 1], t.row_tiles[m - 1]);
+  }
+
+  const void* weight_;
+  int n_, k_, device_;
+  bool enable_pdl_;
+  std::vector<Launch> launches_;     // the distinct tactics
+  std::array<int, kMaxBatch> of_{};  // m's, an index into launches_
 };
 
 }  // namespace spark_decode::engines

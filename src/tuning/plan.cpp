@@ -273,7 +273,7 @@ std::optional<std::string> pooler_choice_unsupported(int n, int k, int m, const 
   }
   if (c.engine == GemmEngine::onchip_mma) {
     if (auto why = batch_unsupported(m)) return why;
-    if (auto why = onchip_unsupported(n, k, onchip_tactic(PlanOp::pooler, n, k))) return "pooler GEMM: " + *why;
+    if (auto why = onchip_unsupported(n, k, onchip_tactic(PlanOp::pooler, n, k, m))) return "pooler GEMM: " + *why;
   }
   return std::nullopt;
 }
@@ -337,30 +337,44 @@ SplitKTactic tactic_of_rows(const PlanTable& table, PlanOp op, int tp) {
   return t;
 }
 
-// Whether a row of (op, tp) in `table` names the on-chip engine.
-bool has_onchip_rows(const PlanTable& table, PlanOp op, int tp) {
+// The on-chip row of (op, tp) in `table` whose tactic serves b: the row of b
+// where it names onchip_mma, else the shape's first such row (what a forced
+// on-chip engine runs at a b the split-K engine serves); nullptr if none.
+const PlanRow* onchip_row_for(const PlanTable& table, PlanOp op, int tp, int b) {
+  const PlanRow* first = nullptr;
   for (int i = 0; i < table.size; ++i) {
     const PlanRow& r = table.rows[i];
-    if (r.op == op && r.tp == tp && r.engine == GemmEngine::onchip_mma) return true;
+    if (r.op != op || r.tp != tp || r.engine != GemmEngine::onchip_mma) continue;
+    if (b >= r.b_first && b <= r.b_last) return &r;
+    if (!first || r.b_first < first->b_first) first = &r;
   }
-  return false;
+  return first;
 }
 
-// The on-chip tactic of the rows of (op, tp) in `table`: the reduction order
-// and token tiles of every row, S, copy stages and cluster policy of the
-// rows naming onchip_mma, and their row tiles (one elsewhere).
-OnchipTactic onchip_of_rows(const PlanTable& table, PlanOp op, int tp) {
-  const SplitKTactic s = tactic_of_rows(table, op, tp);
+bool same_onchip_launch(const PlanRow& a, const PlanRow& b) {
+  return a.onchip_splits == b.onchip_splits && a.onchip_stage_warps == b.onchip_stage_warps &&
+         a.onchip_cluster_balance == b.onchip_cluster_balance;
+}
+
+// The on-chip tactic of `row`, an on-chip row of its (op, tp) in `table`: the
+// shape's reduction order and token tiles, the row's S, copy stages and
+// cluster policy, and the row tiles of every on-chip row of the shape with
+// that same S, copy stages and policy (one elsewhere). Rows of one shape may
+// differ in these (the tile-16 batches may take another S than the tile-8
+// ones): they move work between CTAs and copies, never the sum.
+OnchipTactic onchip_of_row(const PlanTable& table, const PlanRow& row) {
+  const SplitKTactic s = tactic_of_rows(table, row.op, row.tp);
   OnchipTactic t;
   t.kw = s.kw;
   t.accs = s.accs;
   t.token_tile = s.token_tile;
+  t.splits = row.onchip_splits;
+  t.stage_warps = row.onchip_stage_warps;
+  t.cluster_balance = row.onchip_cluster_balance;
   for (int i = 0; i < table.size; ++i) {
     const PlanRow& r = table.rows[i];
-    if (r.op != op || r.tp != tp || r.engine != GemmEngine::onchip_mma) continue;
-    t.splits = r.onchip_splits;
-    t.stage_warps = r.onchip_stage_warps;
-    t.cluster_balance = r.onchip_cluster_balance;
+    if (r.op != row.op || r.tp != row.tp || r.engine != GemmEngine::onchip_mma || !same_onchip_launch(r, row))
+      continue;
     for (int b = std::max(r.b_first, 1); b <= std::min(r.b_last, kMaxBatch); ++b) t.row_tiles[b - 1] = r.onchip_row_tiles;
   }
   return t;
@@ -399,9 +413,10 @@ OnchipTactic default_onchip(int n, int k, const SplitKTactic& splitk) {
 
 }  // namespace
 
-OnchipTactic onchip_tactic(PlanOp op, int n, int k) {
+OnchipTactic onchip_tactic(PlanOp op, int n, int k, int m) {
   if (const int tp = model_tp(op, n, k))
-    if (has_onchip_rows(plan_table(), op, tp)) return onchip_of_rows(plan_table(), op, tp);
+    if (const PlanRow* row = onchip_row_for(plan_table(), op, tp, std::clamp(m, 1, kMaxBatch)))
+      return onchip_of_row(plan_table(), *row);
   return default_onchip(n, k, splitk_tactic(op, n, k));
 }
 
@@ -422,7 +437,9 @@ std::optional<std::string> plan_table_unsupported(const PlanTable& table) {
   using detail::concat;
   for (PlanOp op : {PlanOp::unpooler, PlanOp::pooler})
     for (int tp : kTensorParallelSizes) {
-      const PlanRow *first = nullptr, *onchip_row = nullptr;
+      const int full = op == PlanOp::unpooler ? kMuseSpark.hidden : kMuseSpark.pooled;
+      const int depth = op == PlanOp::unpooler ? kMuseSpark.pooled : kMuseSpark.hidden;
+      const PlanRow* first = nullptr;
       for (int b = 1; b <= kMaxBatch; ++b) {
         const PlanRow* row = nullptr;
         for (int i = 0; i < table.size; ++i) {
@@ -452,25 +469,14 @@ std::optional<std::string> plan_table_unsupported(const PlanTable& table) {
             (row->onchip_splits || row->onchip_stage_warps || row->onchip_cluster_balance || row->onchip_row_tiles))
           return concat(table.machine, ": ", op_name(op), " tp ", tp, " b ", b, " runs ", engine_name(row->engine),
                         " but sets the on-chip fields (0, 0, false, 0 there)");
-        if (onchip) {
-          if (!onchip_row) onchip_row = row;
-          if (row->onchip_splits != onchip_row->onchip_splits ||
-              row->onchip_stage_warps != onchip_row->onchip_stage_warps ||
-              row->onchip_cluster_balance != onchip_row->onchip_cluster_balance)
-            return concat(table.machine, ": ", op_name(op), " tp ", tp,
-                          " changes the on-chip S, copy stages or cluster policy between b ", onchip_row->b_first,
-                          " and b ", b, " (one on-chip tactic per shape)");
-        }
+        if (onchip)
+          if (auto why = onchip_unsupported(full / tp, depth, onchip_of_row(table, *row)))
+            return concat(table.machine, ": ", op_name(op), " tp ", tp, " b ", b, ": ", *why);
         if (op == PlanOp::unpooler && row->engine != GemmEngine::splitk_mma && row->engine != GemmEngine::onchip_mma)
           return concat(table.machine, ": the unpooler runs the split-K or the on-chip engine only (tp ", tp, ")");
       }
-      const int full = op == PlanOp::unpooler ? kMuseSpark.hidden : kMuseSpark.pooled;
-      const int depth = op == PlanOp::unpooler ? kMuseSpark.pooled : kMuseSpark.hidden;
       if (auto why = launch_unsupported(full / tp, depth, tactic_of_rows(table, op, tp)))
         return concat(table.machine, ": ", op_name(op), " tp ", tp, ": ", *why);
-      if (onchip_row)
-        if (auto why = onchip_unsupported(full / tp, depth, onchip_of_rows(table, op, tp)))
-          return concat(table.machine, ": ", op_name(op), " tp ", tp, ": ", *why);
       if (op == PlanOp::pooler && first->engine != GemmEngine::splitk_mma && first->engine != GemmEngine::onchip_mma)
         for (int b = 1; b <= kMaxBatch; ++b)
           if (auto why = pooler_choice_unsupported(full / tp, depth, b, {first->engine, {}}))

@@ -38,47 +38,53 @@ sd::OnchipTactic tactic(int s, int kw, int accs) {
 }  // namespace
 
 TEST(OnchipTactics, TheDeployedShapesTakeTheTablesTacticInTheTablesOrder) {
-  // tp 4 and 8: the table's on-chip tactic (its rows' S, copy stages and
-  // cluster policy); tp 1 and 2 (no on-chip row): the default, the least S
-  // giving ~128 CTAs with 2 KiB copies.
+  // tp 4 and 8: the tactic of the table's on-chip row of each b (S, copy
+  // stages, cluster policy, row tiles); at a b the split-K engine serves,
+  // the shape's first on-chip row's; tp 1 and 2 (no on-chip row): the
+  // default, the least S giving ~128 CTAs with 2 KiB copies, at every b.
   struct Want {
     sd::PlanOp op;
-    int tp, splits, stage_warps;
+    int tp, b_first, b_last, splits, stage_warps;
     bool balance;
+    int row_tiles;
   };
-  const Want wants[] = {{sd::PlanOp::unpooler, 8, 4, 1, true},  {sd::PlanOp::unpooler, 4, 4, 1, false},
-                        {sd::PlanOp::pooler, 8, 4, 2, true},    {sd::PlanOp::pooler, 4, 4, 2, true},
-                        {sd::PlanOp::unpooler, 2, 1, 0, false}, {sd::PlanOp::pooler, 2, 1, 0, false}};
-  for (const Want& w : wants) {
-    const bool un = w.op == sd::PlanOp::unpooler;
-    const int n = (un ? sd::kMuseSpark.hidden : sd::kMuseSpark.pooled) / w.tp;
-    const int k = un ? sd::kMuseSpark.pooled : sd::kMuseSpark.hidden;
-    const auto t = sd::onchip_tactic(w.op, n, k);
-    const std::string what = std::string(sd::op_name(w.op)) + " tp " + std::to_string(w.tp) + " " + t.to_string();
-    EXPECT_EQ(reason(n, k, t), "<supported>") << what;
-    if (w.stage_warps) {
-      EXPECT_EQ(t.splits, w.splits) << what;
-      EXPECT_EQ(t.stage_warps, w.stage_warps) << what;
-      EXPECT_EQ(t.cluster_balance, w.balance) << what;
-      for (int b = 1; b <= sd::kMaxBatch; ++b) {
+  const Want wants[] = {{sd::PlanOp::unpooler, 8, 1, 16, 4, 1, true, 1},  {sd::PlanOp::unpooler, 4, 1, 8, 4, 1, false, 1},
+                        {sd::PlanOp::unpooler, 4, 9, 16, 2, 4, true, 2}, {sd::PlanOp::pooler, 8, 1, 16, 4, 2, true, 1},
+                        {sd::PlanOp::pooler, 4, 1, 16, 4, 2, true, 1},   {sd::PlanOp::unpooler, 2, 1, 16, 1, 0, false, 1},
+                        {sd::PlanOp::pooler, 2, 1, 16, 1, 0, false, 1}};
+  for (const Want& w : wants)
+    for (int b = w.b_first; b <= w.b_last; ++b) {
+      const bool un = w.op == sd::PlanOp::unpooler;
+      const int n = (un ? sd::kMuseSpark.hidden : sd::kMuseSpark.pooled) / w.tp;
+      const int k = un ? sd::kMuseSpark.pooled : sd::kMuseSpark.hidden;
+      const auto t = sd::onchip_tactic(w.op, n, k, b);
+      const std::string what = std::string(sd::op_name(w.op)) + " tp " + std::to_string(w.tp) + " b " +
+                               std::to_string(b) + " " + t.to_string();
+      EXPECT_EQ(reason(n, k, t), "<supported>") << what;
+      EXPECT_EQ(t.row_tiles[b - 1], w.row_tiles) << what;
+      if (w.stage_warps) {
+        EXPECT_EQ(t.splits, w.splits) << what;
+        EXPECT_EQ(t.stage_warps, w.stage_warps) << what;
+        EXPECT_EQ(t.cluster_balance, w.balance) << what;
         const sd::PlanRow* row = sd::plan_row(w.op, w.tp, b);
         ASSERT_NE(row, nullptr);
         if (row->engine == sd::GemmEngine::onchip_mma) {
-          EXPECT_EQ(row->onchip_splits, t.splits) << what << " b " << b;
-          EXPECT_EQ(row->onchip_stage_warps, t.stage_warps) << what << " b " << b;
+          EXPECT_EQ(row->onchip_splits, t.splits) << what;
+          EXPECT_EQ(row->onchip_stage_warps, t.stage_warps) << what;
+          EXPECT_EQ(row->onchip_row_tiles, t.row_tiles[b - 1]) << what;
         }
+      } else {
+        EXPECT_EQ(t, sd::onchip_tactic(w.op, n, k)) << what;
+        EXPECT_GE(n / sd::kSplitKTileN * t.splits, sd::kOnchipTargetCtas) << what;
+        EXPECT_EQ(t.stage_warps_for(k), 4) << what;  // copies of 2 KiB (4 warps of kw = 256)
       }
-    } else {
-      EXPECT_GE(n / sd::kSplitKTileN * t.splits, sd::kOnchipTargetCtas) << what;
-      EXPECT_EQ(t.stage_warps_for(k), 4) << what;  // copies of 2 KiB (4 warps of kw = 256)
+      // The split-K engine's reduction order for the shape: its bits.
+      const auto s = sd::splitk_tactic(w.op, n, k);
+      EXPECT_EQ(t.kw, s.kw) << what;
+      EXPECT_EQ(t.accs, s.accs) << what;
+      EXPECT_EQ(t.token_tile, s.token_tile) << what;
+      EXPECT_LE(onchip::smem_bytes(k, t.splits, t.kw, 16, t.row_tiles[b - 1]), sd::kernels::kMaxSmemPerBlock) << what;
     }
-    // The split-K engine's reduction order for the shape: its bits.
-    const auto s = sd::splitk_tactic(w.op, n, k);
-    EXPECT_EQ(t.kw, s.kw) << what;
-    EXPECT_EQ(t.accs, s.accs) << what;
-    EXPECT_EQ(t.token_tile, s.token_tile) << what;
-    EXPECT_LE(onchip::smem_bytes(k, t.splits, t.kw, 16), sd::kernels::kMaxSmemPerBlock) << what;
-  }
   // Every model shape has a valid on-chip tactic in the split-K order.
   for (int tp : sd::kTensorParallelSizes) {
     for (sd::PlanOp op : {sd::PlanOp::unpooler, sd::PlanOp::pooler}) {
@@ -241,22 +247,29 @@ TEST(OnchipPlanTable, RowsNamingTheEngineKeepTheRules) {
   auto expect_reason = [&](const std::string& want) {
     EXPECT_NE(table_reason(rows).find(want), std::string::npos) << table_reason(rows) << "\nwant: " << want;
   };
-  // The table mixes the engines within a shape (the unpooler at tp 4: on
-  // chip at b <= 8, split-K above), one order for both.
-  ASSERT_EQ(rows_of(sd::PlanOp::unpooler, 4).front()->engine, sd::GemmEngine::onchip_mma);
-  ASSERT_EQ(rows_of(sd::PlanOp::unpooler, 4).back()->engine, sd::GemmEngine::splitk_mma);
+  // The table mixes the engines within a shape (the pooler at tp 4: on
+  // chip at b <= 4, split-K above), one order for both.
+  ASSERT_EQ(rows_of(sd::PlanOp::pooler, 4).front()->engine, sd::GemmEngine::onchip_mma);
+  ASSERT_EQ(rows_of(sd::PlanOp::pooler, 4).back()->engine, sd::GemmEngine::splitk_mma);
+  // And its on-chip rows' launches within a shape (the unpooler at tp 4: S 4
+  // at b <= 8, S 2 with two row tiles above), one order for all.
+  ASSERT_NE(rows_of(sd::PlanOp::unpooler, 4).front()->onchip_splits,
+            rows_of(sd::PlanOp::unpooler, 4).back()->onchip_splits);
   EXPECT_EQ(table_reason(rows), "(none)");
   const auto saved = rows;
-  // Another order at b >= 9 (accs 2 on the split-K rows).
-  rows_of(sd::PlanOp::unpooler, 4).back()->accs = 2;
-  expect_reason("unpooler tp 4 changes the split-K S, kw or accs between b 1 and b 9");
+  // Another order at b >= 5 (accs 2 on the split-K rows).
+  rows_of(sd::PlanOp::pooler, 4).back()->accs = 2;
+  expect_reason("pooler tp 4 changes the split-K S, kw or accs between b 1 and b 9");
   rows = saved;
-  // Two on-chip tactics within a shape.
+  // Another on-chip S, copy stage or policy at some b: valid.
   rows_of(sd::PlanOp::unpooler, 8).back()->onchip_splits = 2;
-  expect_reason("unpooler tp 8 changes the on-chip S, copy stages or cluster policy between b 1 and b 9");
-  rows = saved;
   rows_of(sd::PlanOp::pooler, 8).back()->onchip_stage_warps = 4;
-  expect_reason("pooler tp 8 changes the on-chip S, copy stages or cluster policy");
+  EXPECT_EQ(table_reason(rows), "(none)");
+  rows = saved;
+  // ... but each on-chip row's tactic must be one the shape can take: two
+  // row tiles with 16 warps per CTA (S 1 at tp 4) cannot.
+  rows_of(sd::PlanOp::unpooler, 4).back()->onchip_splits = 1;
+  expect_reason("unpooler tp 4 b 9: on-chip MMA: 2 row tiles per CTA run at most 8 warps per CTA, got 16");
   rows = saved;
   // A split-K row with on-chip fields.
   rows_of(sd::PlanOp::unpooler, 1).front()->onchip_splits = 2;
@@ -271,11 +284,11 @@ TEST(OnchipPlanTable, RowsNamingTheEngineKeepTheRules) {
   rows = saved;
   // accs = 4: the split-K engine has it, the on-chip engine not.
   for (auto* r : rows_of(sd::PlanOp::unpooler, 8)) r->accs = 4, r->row_swizzle = true;
-  expect_reason("unpooler tp 8: on-chip MMA: kw=256 accs=4 has no compiled kernel");
+  expect_reason("unpooler tp 8 b 1: on-chip MMA: kw=256 accs=4 has no compiled kernel");
   rows = saved;
   // An on-chip S the shape cannot take.
   for (auto* r : rows_of(sd::PlanOp::unpooler, 8)) r->onchip_splits = 3;
-  expect_reason("unpooler tp 8: on-chip MMA: splits=3");
+  expect_reason("unpooler tp 8 b 1: on-chip MMA: splits=3");
   rows = saved;
   for (auto* r : rows_of(sd::PlanOp::unpooler, 2)) r->engine = sd::GemmEngine::ring_mma;
   expect_reason("the unpooler runs the split-K or the on-chip engine only");

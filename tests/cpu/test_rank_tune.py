@@ -75,6 +75,27 @@ class RankTune(unittest.TestCase):
         self.assertIn("sum of means (PDL off + PDL chain + after the stand-in)", out.getvalue())
         self.assertIn("11.00 =  6.00 +  3.00 +  2.00", out.getvalue())
 
+    def test_m_ranks_over_those_m_only(self):
+        # A wins at m = 1, B at m = 16; over both A ranks first (2 + 9 against
+        # 4 + 8), over m = 16 alone B does.
+        a, b = "S=4 kw=256 accs=1 tile16_from_m=9", "S=2 kw=256 accs=1 tile16_from_m=9"
+        off = write([record(a, 1, 1.0, "graph"), record(a, 16, 5.0, "graph"),
+                     record(b, 1, 2.0, "graph"), record(b, 16, 4.0, "graph")])
+        pdl = write([record(a, 1, 1.0, "pdl_chain"), record(a, 16, 4.0, "pdl_chain"),
+                     record(b, 1, 2.0, "pdl_chain"), record(b, 16, 4.0, "pdl_chain")])
+        out = io.StringIO()
+        try:
+            every = rank_tune.rank(rank_tune.load(off), rank_tune.load(pdl))[(64, 512)]
+            tile16 = rank_tune.rank(rank_tune.load(off, {16}), rank_tune.load(pdl, {16}))[(64, 512)]
+            with redirect_stdout(out):
+                rc = rank_tune.main([off, pdl, "--m", "9,16"])
+        finally:
+            os.unlink(off)
+            os.unlink(pdl)
+        self.assertEqual([(r[0], r[2]) for r in every], [(5.5, a), (6.0, b)])
+        self.assertEqual([(r[0], r[2]) for r in tile16], [(8.0, b), (9.0, a)])
+        self.assertEqual(rc, 0)
+        self.assertIn(f"8.00 =  4.00 +  4.00  {b}  |  16:4.00/4.00(r1)", out.getvalue())
 
     def test_check_against_the_plan_table(self):
         # The tp 8 unpooler shape [1024, 4096]: the table has S=1 kw=256

@@ -336,6 +336,13 @@ TEST(UnpoolerGpu, TableTacticsAreTheDefaults) {
     GuardedBuffer w(static_cast<size_t>(e.n) * e.k * 2);
     sd::Unpooler u(weight_ref(w.get(), e.n, e.k));
     EXPECT_EQ(u.tactic(), e.tactic);
+    // The on-chip tactic of each m: its table row's (S, copy stages and
+    // row tiles may differ between a shape's rows: tp 4).
+    for (int m = 1; m <= sd::kMaxBatch; ++m)
+      EXPECT_TRUE(u.onchip_tactic(m) == sd::onchip_tactic(sd::PlanOp::unpooler, e.n, e.k, m))
+          << e.n << " m " << m << ": " << u.onchip_tactic(m).to_string();
+    if (e.n == sd::kMuseSpark.hidden / 4)
+      EXPECT_NE(u.describe().find("onchip_mma S=2"), std::string::npos) << u.describe();
   }
 }
 

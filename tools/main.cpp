@@ -316,20 +316,26 @@ int main(int argc, char** argv) {
         return 0;
       }
       std::printf("%s", sd::format_plan_table().c_str());
-      // The on-chip engine's tactic at each model shape: the table's where
-      // it names the engine, else what Unpooler::Options::engine and
+      // The on-chip engine's tactic at each model shape and b: the table's
+      // where it names the engine, else what Unpooler::Options::engine and
       // PoolerGemm::Options::force run.
-      std::printf("on-chip engine (onchip_mma), its tactic per model shape:\n");
+      std::printf("on-chip engine (onchip_mma), its tactic per model shape and b:\n");
       for (sd::PlanOp op : {sd::PlanOp::unpooler, sd::PlanOp::pooler})
         for (int tp : sd::kTensorParallelSizes) {
           const bool un = op == sd::PlanOp::unpooler;
           const int n = (un ? sd::kMuseSpark.hidden : sd::kMuseSpark.pooled) / tp;
           const int k = un ? sd::kMuseSpark.pooled : sd::kMuseSpark.hidden;
-          const auto t = sd::onchip_tactic(op, n, k);
-          auto resolved = t;
-          resolved.stage_warps = t.stage_warps_for(k);
-          std::printf("  %s tp %d [%d, %d] -> %s, %d CTAs\n", sd::op_name(op), tp, n, k, resolved.to_string().c_str(),
-                      n / sd::kSplitKTileN * t.splits);
+          for (int b = 1; b <= sd::kMaxBatch;) {
+            const auto t = sd::onchip_tactic(op, n, k, b);
+            int last = b;
+            while (last < sd::kMaxBatch && sd::onchip_tactic(op, n, k, last + 1) == t && t.row_tiles[last] == t.row_tiles[b - 1])
+              ++last;
+            auto resolved = t;
+            resolved.stage_warps = t.stage_warps_for(k);
+            std::printf("  %s tp %d [%d, %d] b %d..%d -> %s, %d CTAs\n", sd::op_name(op), tp, n, k, b, last,
+                        resolved.to_string().c_str(), n / sd::kSplitKTileN * t.splits / t.row_tiles[b - 1]);
+            b = last + 1;
+          }
         }
       return 0;
     }

@@ -136,9 +136,10 @@ __global__ void __launch_bounds__(onchip::max_threads(R))
 
   // The zero-copy publish's stage, read now so that its latency hides under
   // the MMAs (as in the split-K engine); by the threads of rank 0 that store
-  // y (2 m of them, one per 8 features of a token).
+  // y (2 R m of them, one per 8 of a token's 16 R features: with two row
+  // tiles, the threads past 2 m store too, and would publish at stage 0).
   uint32_t stage = 0;
-  if (args.publish.mode != mailbox_dev::Publish::kNone && split == 0 && threadIdx.x < 2 * args.m)
+  if (args.publish.mode != mailbox_dev::Publish::kNone && split == 0 && threadIdx.x < 2 * R * args.m)
     stage = mailbox_dev::publish_stage(args.publish, threadIdx.x == 0 && blockIdx.x == 0);
 
   // This warp's x fragments, all of them at once: one L2 round trip, issued

@@ -71,11 +71,6 @@ bool OnchipMma::prepared(int tile, int rows) const {
   return v >= 0 && std::any_of(launches_.begin(), launches_.end(), [&](const Launch& l) { return l.prepared[v]; });
 }
 
-int OnchipMma::resident_ctas(int m) const {
-  const int v = variant_of(m);
-  return v >= 0 ? launches_[of_[m - 1]].resident[v] : 0;
-}
-
 void OnchipMma::prepare(int m) {
   Launch& l = launches_[of_[m - 1]];
   const OnchipTactic& t = l.tactic;
@@ -94,20 +89,16 @@ void OnchipMma::prepare(int m) {
   SPARK_CHECK_RUNTIME(shape.smem_bytes <= optin, "on-chip MMA tactic ", t.to_string(), " at K=", k_, " needs ",
                       shape.smem_bytes, " bytes of shared memory per block; cuda:", device_, " allows ", optin);
   CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
-  int resident = 0;
+  // can_implement: a cluster of S such CTAs must fit an SM group at all, or
+  // one CTA an SM. (Fewer resident than the grid is valid: the grid then runs
+  // in waves, and the later CTAs stream nothing before the wait.)
   if (t.splits > 1) {
-    // can_implement: a cluster of S such CTAs must fit an SM group at all.
-    resident = kernels::max_active_clusters(fn, shape) * t.splits;
-    SPARK_CHECK_RUNTIME(resident > 0, "on-chip MMA tactic ", t.to_string(), " with token tile ", tile, " and ", rows,
-                        " row tiles: no cluster of this shape fits the device");
+    SPARK_CHECK_RUNTIME(kernels::max_active_clusters(fn, shape) > 0, "on-chip MMA tactic ", t.to_string(),
+                        " with token tile ", tile, " and ", rows, " row tiles: no cluster of this shape fits the device");
   } else {
-    int sms = 0;
-    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_));
-    resident = kernels::max_active_blocks_per_sm(fn, shape) * sms;
-    SPARK_CHECK_RUNTIME(resident > 0, "on-chip MMA tactic ", t.to_string(), " with token tile ", tile, " and ", rows,
-                        " row tiles: no CTA of this shape fits an SM");
+    SPARK_CHECK_RUNTIME(kernels::max_active_blocks_per_sm(fn, shape) > 0, "on-chip MMA tactic ", t.to_string(),
+                        " with token tile ", tile, " and ", rows, " row tiles: no CTA of this shape fits an SM");
   }
-  l.resident[v] = resident;
   l.prepared[v] = true;
 }
 

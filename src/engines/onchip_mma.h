@@ -41,10 +41,6 @@ class OnchipMma {
               cudaStream_t stream) const;
 
   const OnchipTactic& tactic(int m) const { return launches_[of_[m - 1]].tactic; }
-  // CTAs of m's kernel the device runs at once (clusters x S), found when it
-  // was prepared: below the grid, the grid runs in more than one wave and its
-  // later CTAs stream nothing before the wait. 0 before prepare(m).
-  int resident_ctas(int m) const;
 
  private:
   // One tactic and its kernels: the compiled (token tile, row tiles) are
@@ -53,7 +49,6 @@ class OnchipMma {
     OnchipTactic tactic;
     int stage_shift;  // log2 of the warps per copy stage
     std::array<bool, 3> prepared{};
-    std::array<int, 3> resident{};
   };
   static int variant(int tile, int rows) {
     if (rows != 1 && rows != 2) return -1;

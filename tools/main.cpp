@@ -328,7 +328,8 @@ int main(int argc, char** argv) {
           for (int b = 1; b <= sd::kMaxBatch;) {
             const auto t = sd::onchip_tactic(op, n, k, b);
             int last = b;
-            while (last < sd::kMaxBatch && sd::onchip_tactic(op, n, k, last + 1) == t && t.row_tiles[last] == t.row_tiles[b - 1])
+            while (last < sd::kMaxBatch && sd::onchip_tactic(op, n, k, last + 1) == t &&
+                   t.row_tiles[last] == t.row_tiles[b - 1])
               ++last;
             auto resolved = t;
             resolved.stage_warps = t.stage_warps_for(k);

@@ -94,7 +94,8 @@ void OnchipMma::prepare(int m) {
   // in waves, and the later CTAs stream nothing before the wait.)
   if (t.splits > 1) {
     SPARK_CHECK_RUNTIME(kernels::max_active_clusters(fn, shape) > 0, "on-chip MMA tactic ", t.to_string(),
-                        " with token tile ", tile, " and ", rows, " row tiles: no cluster of this shape fits the device");
+                        " with token tile ", tile, " and ", rows,
+                        " row tiles: no cluster of this shape fits the device");
   } else {
     SPARK_CHECK_RUNTIME(kernels::max_active_blocks_per_sm(fn, shape) > 0, "on-chip MMA tactic ", t.to_string(),
                         " with token tile ", tile, " and ", rows, " row tiles: no CTA of this shape fits an SM");

@@ -375,7 +375,8 @@ OnchipTactic onchip_of_row(const PlanTable& table, const PlanRow& row) {
     const PlanRow& r = table.rows[i];
     if (r.op != row.op || r.tp != row.tp || r.engine != GemmEngine::onchip_mma || !same_onchip_launch(r, row))
       continue;
-    for (int b = std::max(r.b_first, 1); b <= std::min(r.b_last, kMaxBatch); ++b) t.row_tiles[b - 1] = r.onchip_row_tiles;
+    for (int b = std::max(r.b_first, 1); b <= std::min(r.b_last, kMaxBatch); ++b)
+      t.row_tiles[b - 1] = r.onchip_row_tiles;
   }
   return t;
 }

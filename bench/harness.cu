@@ -451,10 +451,15 @@ void trace_replay(cudaGraphExec_t exec, cudaStream_t stream, const std::string& 
   const auto records = trace::stop();
   std::ofstream csv(path);
   SPARK_CHECK_RUNTIME(csv.good(), "cannot write ", path);
-  csv << "kernel,grid,block,sm,start_ns,waited_ns,mark0_ns,mark1_ns,end_ns\n";
-  for (const auto& r : records)
+  csv << "kernel,grid,block,sm,start_ns,waited_ns";
+  for (int i = 0; i < trace::kMarks; ++i) csv << ",mark" << i << "_ns";
+  csv << ",end_ns\n";
+  for (const auto& r : records) {
     csv << trace::kernel_name(r.kernel) << ',' << r.grid << ',' << r.block << ',' << r.sm << ',' << r.start_ns << ','
-        << r.waited_ns << ',' << r.mark_ns[0] << ',' << r.mark_ns[1] << ',' << r.end_ns << '\n';
+        << r.waited_ns;
+    for (uint64_t t : r.mark_ns) csv << ',' << t;
+    csv << ',' << r.end_ns << '\n';
+  }
   std::printf("  trace: %zu CTAs -> %s\n", records.size(), path.c_str());
 }
 

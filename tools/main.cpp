@@ -207,7 +207,8 @@ int main(int argc, char** argv) {
   bench_unpooler->add_flag("--publish", publish,
                            "zero-copy publish + gather against plain + publish and cuBLAS + NCCL (--publish-tp GPUs)");
   bench_unpooler->add_option("--publish-tp", publish_tp, "GPUs for --publish");
-  bench_unpooler->add_option("--trace", opts.trace, "path prefix of per-CTA timelines (a -DSPARK_DECODE_TRACE=ON build)");
+  bench_unpooler->add_option("--trace", opts.trace,
+                             "path prefix of per-CTA timelines of the PDL chain at every m (a -DSPARK_DECODE_TRACE=ON build)");
   bench_unpooler->add_option("--standin-mib", opts.standin_mib,
                              "MiB the routed-expert stand-in streams before each call (mode after_stream; 0: off)");
   bench_unpooler->add_option("--standin-smem-kib", opts.standin_smem_kib,

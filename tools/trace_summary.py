@@ -12,7 +12,11 @@ over the steady-state launches, the mean of each step of the chain:
            (weights streaming during the boundary)
   tail   = this grid's last end - its last wait return (its work after release)
   wait->markN = the last CTA's kernel-specific point N - the last wait return
-           (consumers: mark0 = ACTIVE arrived, mark1 = the polled data arrived)
+           (consumers: mark0 = ACTIVE arrived, mark1 = the polled data arrived;
+           the on-chip engine: spark_decode/trace.h)
+  cta:markN, cta:end = within each CTA, its point N (or its end) - its own wait
+           return, averaged over the CTAs that record it
+  last:markN, last:end = the same for the CTA that ends last in its launch
 Usage: trace_summary.py FILE.csv[.gz] [--skip N] [--show N]
 """
 import argparse
@@ -21,8 +25,28 @@ import gzip
 import statistics
 from collections import defaultdict
 
+MARKS = range(4)  # spark_decode::trace::kMarks
+
+
+def per_cta(rows):
+    """Each CTA's points after its own wait return: {markN or end: [us]}, over
+    the CTAs that record a wait (and that mark)."""
+    out = defaultdict(list)
+    for r in rows:
+        waited = int(r["waited_ns"])
+        if not waited:
+            continue
+        for i in MARKS:
+            t = int(r.get(f"mark{i}_ns", 0) or 0)
+            if t:
+                out[f"mark{i}"].append((t - waited) / 1e3)
+        out["end"].append((int(r["end_ns"]) - waited) / 1e3)
+    return out
+
 
 def load(path):
+    """Launches in start order, each with its CTAs' rows and the extremes of
+    their timestamps."""
     grids = defaultdict(list)
     with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
         for row in csv.DictReader(f):
@@ -32,13 +56,14 @@ def load(path):
         start = [int(r["start_ns"]) for r in rows]
         end = [int(r["end_ns"]) for r in rows]
         waited = [int(r["waited_ns"]) for r in rows if int(r["waited_ns"])]
-        marks = [[int(r[f"mark{i}_ns"]) for r in rows if int(r.get(f"mark{i}_ns", 0) or 0)] for i in (0, 1)]
+        marks = [[int(r[f"mark{i}_ns"]) for r in rows if int(r.get(f"mark{i}_ns", 0) or 0)] for i in MARKS]
         launches.append({
             "grid": gid, "kernel": rows[0]["kernel"], "ctas": len(rows),
             "starts": sorted(start), "first_start": min(start), "last_start": max(start),
             "first_wait": min(waited) if waited else None, "last_wait": max(waited) if waited else None,
             "first_end": min(end), "last_end": max(end),
             "last_mark": [max(m) if m else None for m in marks],
+            "rows": rows,
         })
     launches.sort(key=lambda l: (l["first_start"], l["grid"]))
     return launches
@@ -77,9 +102,14 @@ def main():
             s["span"].append((l["last_end"] - l["first_start"]) / 1e3)
             if l["last_wait"] is not None:
                 s["tail"].append((l["last_end"] - l["last_wait"]) / 1e3)
-                for m in (0, 1):
+                for m in MARKS:
                     if l["last_mark"][m] is not None:
                         s[f"wait->mark{m}"].append((l["last_mark"][m] - l["last_wait"]) / 1e3)
+                for name, v in per_cta(l["rows"]).items():
+                    s[f"cta:{name}"].append(statistics.mean(v))
+                last = max(l["rows"], key=lambda r: int(r["end_ns"]))
+                for name, v in per_cta([last]).items():
+                    s[f"last:{name}"].append(v[0])
     per_call = (ls[-1]["last_end"] - ls[0]["first_start"]) / 1e3
     print(f"\nwhole trace: {per_call:.1f} us over {len(ls)} launches")
     for k, s in stats.items():

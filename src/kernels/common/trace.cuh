@@ -46,7 +46,7 @@ class Cta {
   __device__ void waited() {
     if (threadIdx.x == 0) waited_ = ptx::globaltimer_ns();
   }
-  // Mark i (0 or 1) once `dep` is available: the timer read takes it as an
+  // Mark i (0 .. kMarks - 1) once `dep` is available: the timer read takes it as an
   // operand, so it waits for the load that produces it.
   __device__ void mark(int i, uint32_t dep) {
     if (threadIdx.x != 0) return;
@@ -63,8 +63,7 @@ class Cta {
     r.grid = gridid();
     r.start_ns = start_;
     r.waited_ns = waited_;
-    r.mark_ns[0] = mark_[0];
-    r.mark_ns[1] = mark_[1];
+    for (int m = 0; m < spark_decode::trace::kMarks; ++m) r.mark_ns[m] = mark_[m];
     r.end_ns = end;
     r.block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
     r.kernel = kernel_;
@@ -73,7 +72,7 @@ class Cta {
   }
 
  private:
-  uint64_t start_ = 0, waited_ = 0, mark_[2] = {0, 0};
+  uint64_t start_ = 0, waited_ = 0, mark_[spark_decode::trace::kMarks] = {};
   uint16_t kernel_;
 };
 

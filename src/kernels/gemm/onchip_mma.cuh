@@ -154,6 +154,7 @@ __global__ void __launch_bounds__(onchip::max_threads(R))
       const __nv_bfloat16* const at = args.x + static_cast<size_t>(token) * args.k + k_begin + v * kSplitKBlockK;
       xv[v][nt] = token < args.m ? ptx::ld_v4(at) : make_uint4(0, 0, 0, 0);
     }
+  SPARK_TRACE_MARK(2, xv[0][0].x);  // thread 0's x fragments have arrived
 
   float acc[ACCS][R][kNt][4];
 #pragma unroll
@@ -208,6 +209,7 @@ __global__ void __launch_bounds__(onchip::max_threads(R))
 #pragma unroll
         for (int a = 1; a < ACCS; ++a) part[rt * kNt + nt][i] += acc[a][rt][nt][i];
       }
+  SPARK_TRACE_MARK(3, __float_as_uint(part[0][0]));  // thread 0's MMAs are done
   float* mine = partials + (split * warps + warp) * kPartial + lane * 4;
   if (split == 0) {
 #pragma unroll

@@ -3,11 +3,12 @@
 //
 // Compiled in only when the library is built with -DSPARK_DECODE_TRACE=ON;
 // otherwise compiled_in() is false, start() and stop() throw RuntimeError,
-// and the kernels carry no trace code at all. When compiled in and started, thread 0 of every CTA of
-// the traced kernels appends one Record (the %globaltimer nanoseconds at the
-// CTA's entry, after its griddepcontrol.wait, and at its exit) to a device
-// buffer. That costs one atomic and one 72-byte store per CTA: timings taken
-// while tracing are not the benchmark's.
+// and the kernels carry no trace code at all. When compiled in and started,
+// thread 0 of every CTA of the traced kernels appends one Record (the
+// %globaltimer nanoseconds at the CTA's entry, after its griddepcontrol.wait,
+// at up to kMarks kernel-specific points and at its exit) to a device buffer.
+// That costs one atomic and one 72-byte store per CTA: timings taken while
+// tracing are not the benchmark's.
 //
 // start() and stop() act on the current device, allocate or free, and
 // synchronise it: never under CUDA graph capture. A graph captured before
@@ -30,7 +31,7 @@ enum Kernel : uint16_t {
   kGatherNorm = 5,       // the Pooler's fused gather + norm (+ NVFP4)
   kRingMma = 6,          // the ring MMA engine
   kOnchipMma = 7         // the on-chip MMA engine (marks: 0 warp 0's stage landed, 1 rank 0 has every
-                         // partial, 2 thread 0's x fragments arrived, 3 thread 0's partial is summed)
+                         // partial, 2 thread 0's x fragments arrived, 3 thread 0's MMAs are done)
 };
 inline constexpr int kMarks = 4;
 const char* kernel_name(uint16_t kernel);
@@ -39,7 +40,7 @@ struct Record {
   uint64_t grid;       // %gridid: which launch
   uint64_t start_ns;   // thread 0 at the CTA's entry (%globaltimer)
   uint64_t waited_ns;  // after its griddepcontrol.wait (0: the kernel has none)
-  uint64_t mark_ns[4];  // kernel-specific points (0: none; see the kernel)
+  uint64_t mark_ns[kMarks];  // kernel-specific points (0: none; see the kernel)
   uint64_t end_ns;     // at its exit (before the record's own atomic)
   uint32_t block;      // linear CTA index
   uint16_t kernel;     // Kernel

@@ -28,6 +28,12 @@ from collections import defaultdict
 MARKS = range(4)  # spark_decode::trace::kMarks
 
 
+def mark_ns(row, i):
+    """Mark i's timestamp, 0 where the CTA did not record it (or the file
+    predates it)."""
+    return int(row.get(f"mark{i}_ns", 0) or 0)
+
+
 def per_cta(rows):
     """Each CTA's points after its own wait return: {markN or end: [us]}, over
     the CTAs that record a wait (and that mark)."""
@@ -37,7 +43,7 @@ def per_cta(rows):
         if not waited:
             continue
         for i in MARKS:
-            t = int(r.get(f"mark{i}_ns", 0) or 0)
+            t = mark_ns(r, i)
             if t:
                 out[f"mark{i}"].append((t - waited) / 1e3)
         out["end"].append((int(r["end_ns"]) - waited) / 1e3)
@@ -56,7 +62,7 @@ def load(path):
         start = [int(r["start_ns"]) for r in rows]
         end = [int(r["end_ns"]) for r in rows]
         waited = [int(r["waited_ns"]) for r in rows if int(r["waited_ns"])]
-        marks = [[int(r[f"mark{i}_ns"]) for r in rows if int(r.get(f"mark{i}_ns", 0) or 0)] for i in MARKS]
+        marks = [[mark_ns(r, i) for r in rows if mark_ns(r, i)] for i in MARKS]
         launches.append({
             "grid": gid, "kernel": rows[0]["kernel"], "ctas": len(rows),
             "starts": sorted(start), "first_start": min(start), "last_start": max(start),

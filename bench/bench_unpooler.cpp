@@ -192,13 +192,18 @@ std::string bench_unpooler(const UnpoolerBenchOptions& o) {
                                     weights.copies, o.repeats, stream);
       };
       const double g = time_ours(ours), c = time_ours(ours_pdl);
-      if (!o.trace.empty()) {
-        int i = 0;
-        cudaGraphExec_t exec =
-            capture_graph(stream, weights.copies, [&] { ours_pdl[i].run(x.get(), out.get(), m, stream); ++i; });
-        trace_replay(exec, stream, o.trace + "_unpooler_tp" + std::to_string(tp) + "_m" + std::to_string(m) + ".csv");
-        CUDA_CHECK(cudaGraphExecDestroy(exec));
-      }
+      // One replay of each mode's graph traced: the PDL chain, and PDL off,
+      // where no next grid shares the SMs during a call's tail.
+      if (!o.trace.empty())
+        for (auto* u : {&ours_pdl, &ours}) {
+          int i = 0;
+          cudaGraphExec_t exec =
+              capture_graph(stream, weights.copies, [&] { (*u)[i].run(x.get(), out.get(), m, stream); ++i; });
+          trace_replay(exec, stream,
+                       o.trace + (u == &ours ? "_unpooler_graph_tp" : "_unpooler_tp") + std::to_string(tp) + "_m" +
+                           std::to_string(m) + ".csv");
+          CUDA_CHECK(cudaGraphExecDestroy(exec));
+        }
       report.records.push_back({"unpooler", "spark", "", "graph", tp, m, n, k, g, floor});
       report.records.push_back({"unpooler", "spark", "", "pdl_chain", tp, m, n, k, c, floor});
       report.records.push_back({"unpooler", "cublas", "", "graph", tp, m, n, k, blas_us, floor});

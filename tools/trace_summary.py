@@ -14,18 +14,22 @@ over the steady-state launches, the mean of each step of the chain:
   wait->markN = the last CTA's kernel-specific point N - the last wait return
            (consumers: mark0 = ACTIVE arrived, mark1 = the polled data arrived;
            the on-chip engine: spark_decode/trace.h)
-  cta:markN, cta:end = within each CTA, its point N (or its end) - its own wait
-           return, averaged over the CTAs that record it
+  cta:start, cta:markN, cta:end = within each CTA, its entry, its point N
+           (or its end) - its own wait return (negative: before it), averaged
+           over the CTAs that record it
+  r0:...   = the same over the CTAs that record mark 1 (the on-chip engine's
+           cluster rank 0, which sums and stores)
   last:markN, last:end = the same for the CTA that ends last in its launch
 Usage: trace_summary.py FILE.csv[.gz] [--skip N] [--show N]
 """
 import argparse
 import csv
 import gzip
+import math
 import statistics
 from collections import defaultdict
 
-MARKS = range(4)  # spark_decode::trace::kMarks
+MARKS = range(6)  # spark_decode::trace::kMarks
 
 
 def mark_ns(row, i):
@@ -46,8 +50,18 @@ def per_cta(rows):
             t = mark_ns(r, i)
             if t:
                 out[f"mark{i}"].append((t - waited) / 1e3)
+        out["start"].append((int(r["start_ns"]) - waited) / 1e3)
         out["end"].append((int(r["end_ns"]) - waited) / 1e3)
     return out
+
+
+def timer_step(launches):
+    """The largest step every timestamp is a multiple of, from the first: the
+    resolution %globaltimer showed in this trace (segments shorter than it are
+    means of quantised differences)."""
+    stamps = [int(r[k]) for l in launches for r in l["rows"] for k in ("start_ns", "end_ns")]
+    t0 = min(stamps)
+    return math.gcd(*(t - t0 for t in stamps))
 
 
 def load(path):
@@ -84,7 +98,8 @@ def main():
     ls = load(a.csv)
     t0 = ls[0]["first_start"]
     us = lambda t: (t - t0) / 1e3 if t is not None else float("nan")
-    print(f"{len(ls)} launches; kernels: " + ", ".join(sorted({l['kernel'] for l in ls})))
+    print(f"{len(ls)} launches; kernels: " + ", ".join(sorted({l['kernel'] for l in ls})) +
+          f"; timer step {timer_step(ls)} ns")
     print(f"{'kernel':18s} {'ctas':>5s} {'start':>8s} {'last st':>8s} {'wait1':>8s} {'waitN':>8s} "
           f"{'end1':>8s} {'endN':>8s} {'lag':>6s} {'early':>5s}")
     stats = defaultdict(lambda: defaultdict(list))
@@ -113,6 +128,8 @@ def main():
                         s[f"wait->mark{m}"].append((l["last_mark"][m] - l["last_wait"]) / 1e3)
                 for name, v in per_cta(l["rows"]).items():
                     s[f"cta:{name}"].append(statistics.mean(v))
+                for name, v in per_cta([r for r in l["rows"] if mark_ns(r, 1)]).items():
+                    s[f"r0:{name}"].append(statistics.mean(v))
                 last = max(l["rows"], key=lambda r: int(r["end_ns"]))
                 for name, v in per_cta([last]).items():
                     s[f"last:{name}"].append(v[0])

@@ -7,7 +7,7 @@
 // thread 0 of every CTA of the traced kernels appends one Record (the
 // %globaltimer nanoseconds at the CTA's entry, after its griddepcontrol.wait,
 // at up to kMarks kernel-specific points and at its exit) to a device buffer.
-// That costs one atomic and one 72-byte store per CTA: timings taken while
+// That costs one atomic and one 88-byte store per CTA: timings taken while
 // tracing are not the benchmark's.
 //
 // start() and stop() act on the current device, allocate or free, and
@@ -31,9 +31,11 @@ enum Kernel : uint16_t {
   kGatherNorm = 5,       // the Pooler's fused gather + norm (+ NVFP4)
   kRingMma = 6,          // the ring MMA engine
   kOnchipMma = 7         // the on-chip MMA engine (marks: 0 warp 0's stage landed, 1 rank 0 has every
-                         // partial, 2 thread 0's x fragments arrived, 3 thread 0's MMAs are done)
+                         // partial, 2 thread 0's x fragments arrived, 3 thread 0's MMAs are done,
+                         // 4 thread 0 has issued its copies (before the wait), 5 rank 0's thread 0
+                         // has summed its elements (before the store's __syncthreads))
 };
-inline constexpr int kMarks = 4;
+inline constexpr int kMarks = 6;
 const char* kernel_name(uint16_t kernel);
 
 struct Record {

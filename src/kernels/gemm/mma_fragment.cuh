@@ -80,11 +80,12 @@ __device__ __forceinline__ void store_y_vec(const GemmArgs& a, uint32_t stage, i
 // `partials`, `total` of them in K order. Thread j sums element j of every
 // partial in that order (j in the fragment layout), so its shared-memory
 // reads are conflict-free; unrolled so they are in flight together. y goes
-// to shared memory first, to leave as 16-byte rows: item (token, c) is
-// features [8c, 8c + 8) of the CTA's rows for one token.
+// to shared memory first, to leave as 16-byte rows (store_y_tile). Returns
+// the thread's last sum (0 if none): a value a trace mark can wait on.
 template <int kNt, bool SWIZZLE, int kRows, int kPartial>
-__device__ __forceinline__ void sum_partials_and_store(const GemmArgs& args, uint32_t stage, const float* partials,
-                                                       int total, __nv_bfloat16* y_tile, int feature0) {
+__device__ __forceinline__ float sum_partials(const GemmArgs& args, const float* partials, int total,
+                                              __nv_bfloat16* y_tile) {
+  float last = 0.0f;
   for (int j = threadIdx.x; j < kPartial; j += blockDim.x) {
     const auto [token, row] = fragment_element<kNt, SWIZZLE>(j);
     if (token >= args.m) continue;
@@ -92,15 +93,30 @@ __device__ __forceinline__ void sum_partials_and_store(const GemmArgs& args, uin
 #pragma unroll 8
     for (int w = 1; w < total; ++w) s += partials[w * kPartial + j];
     y_tile[token * kRows + row] = __float2bfloat16_rn(s);
+    last = s;
   }
+  return last;
+}
+
+// The epilogue after sum_partials: item (token, c) is features [8c, 8c + 8)
+// of the CTA's rows for one token, one 16-byte store (and, with a mailbox,
+// the zero-copy publish at `stage`, NEXT's or the ticket's).
+template <int kRows>
+__device__ __forceinline__ void store_y_tile(const GemmArgs& args, uint32_t stage, const __nv_bfloat16* y_tile,
+                                             int feature0) {
   __syncthreads();
   constexpr int kVecsPerToken = kRows / 8;
   for (int item = threadIdx.x; item < kVecsPerToken * args.m; item += blockDim.x) {
     const int token = item / kVecsPerToken, col = feature0 + (item % kVecsPerToken) * 8;
-    // With a mailbox, the zero-copy publish: at the stage NEXT named, or
-    // the ticket's.
     store_y_vec(args, stage, token, col, *reinterpret_cast<const uint4*>(y_tile + item * 8));
   }
+}
+
+template <int kNt, bool SWIZZLE, int kRows, int kPartial>
+__device__ __forceinline__ void sum_partials_and_store(const GemmArgs& args, uint32_t stage, const float* partials,
+                                                       int total, __nv_bfloat16* y_tile, int feature0) {
+  sum_partials<kNt, SWIZZLE, kRows, kPartial>(args, partials, total, y_tile);
+  store_y_tile<kRows>(args, stage, y_tile, feature0);
 }
 
 }  // namespace spark_decode::kernels

@@ -126,6 +126,7 @@ __global__ void __launch_bounds__(onchip::max_threads(R))
           ptx::bulk_copy_g2s(dst + rt * block_size + onchip::row_offset(width, r),
                              src + static_cast<size_t>(16 * rt + r) * args.k, bytes, bars + 8 * q, policy);
     }
+    SPARK_TRACE_MARK(4, 0);  // every copy issued
   }
   if (splits > 1) ptx::cluster_arrive_relaxed();
 
@@ -238,7 +239,10 @@ __global__ void __launch_bounds__(onchip::max_threads(R))
   SPARK_TRACE_MARK(1, __float_as_uint(partials[0]));  // every partial is here
 
   // Partials in K order (fragment layout: nt, lane (g, t), register i).
-  sum_partials_and_store<kNt, false, kRows, kPartial>(args, stage, partials, splits * warps, y_tile, feature0);
+  [[maybe_unused]] const float summed =
+      sum_partials<kNt, false, kRows, kPartial>(args, partials, splits * warps, y_tile);
+  SPARK_TRACE_MARK(5, __float_as_uint(summed));  // thread 0 has summed its elements
+  store_y_tile<kRows>(args, stage, y_tile, feature0);
 }
 
 }  // namespace spark_decode::kernels

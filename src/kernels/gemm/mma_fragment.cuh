@@ -83,37 +83,47 @@ __device__ __forceinline__ void store_y_vec(const GemmArgs& a, uint32_t stage, i
 // 16-byte rows (store_y_tile). Returns the thread's last sum (0 if none): a
 // value a trace mark can wait on.
 //
-// NOTES: the sum is on the critical path of every call (rank 0 starts it
-// when the last partial lands, and the grid ends when it has stored), and
-// its cost is load latency, not adds. So a thread's partials are loaded
-// kSumBatch at a time, predicated past `total`, all in flight before the
-// first add: one shared-memory round trip per batch (total is 16-64 at the
-// model's shapes). A runtime trip count unrolled by 8 left its remainder as
-// dependent load / add pairs. The adds stay in K order and start from
-// partial 0 itself (0 + p0 would turn a -0.0 sum into +0.0).
+// NOTES: in the on-chip engine the sum is on every call's critical path
+// (rank 0 starts it when the last partial lands; the grid ends when it has
+// stored), and its cost is load latency, not adds. With kBatched a
+// thread's partials are loaded kSumBatch at a time, predicated past
+// `total`, all in flight before the first add: one shared-memory round trip
+// per batch (total is 16-64 at the model's shapes), where a runtime trip
+// count unrolled by 8 leaves its remainder as dependent load / add pairs.
+// The split-K engine keeps that loop: the batch's registers cost one of its
+// variants occupancy, and it measured slower (docs/perf/onchip.md, "The
+// sum's loads in flight"). Either way the adds run in K order from partial
+// 0 itself (0 + p0 would turn a -0.0 sum into +0.0): the same bits.
 inline constexpr int kSumBatch = 16;
-template <int kNt, bool SWIZZLE, int kRows, int kPartial>
+template <int kNt, bool SWIZZLE, int kRows, int kPartial, bool kBatched>
 __device__ __forceinline__ float sum_partials(const GemmArgs& args, const float* partials, int total,
                                               __nv_bfloat16* y_tile) {
   float last = 0.0f;
   for (int j = threadIdx.x; j < kPartial; j += blockDim.x) {
     const auto [token, row] = fragment_element<kNt, SWIZZLE>(j);
     if (token >= args.m) continue;
-    float v[kSumBatch];
-    const auto load_batch = [&](int w0) {
+    float s;
+    if constexpr (kBatched) {
+      float v[kSumBatch];
+      const auto load_batch = [&](int w0) {
 #pragma unroll
-      for (int i = 0; i < kSumBatch; ++i) v[i] = w0 + i < total ? partials[(w0 + i) * kPartial + j] : 0.0f;
-    };
-    load_batch(0);
-    float s = v[0];
+        for (int i = 0; i < kSumBatch; ++i) v[i] = w0 + i < total ? partials[(w0 + i) * kPartial + j] : 0.0f;
+      };
+      load_batch(0);
+      s = v[0];
 #pragma unroll
-    for (int i = 1; i < kSumBatch; ++i)
-      if (i < total) s += v[i];
-    for (int w0 = kSumBatch; w0 < total; w0 += kSumBatch) {
-      load_batch(w0);
+      for (int i = 1; i < kSumBatch; ++i)
+        if (i < total) s += v[i];
+      for (int w0 = kSumBatch; w0 < total; w0 += kSumBatch) {
+        load_batch(w0);
 #pragma unroll
-      for (int i = 0; i < kSumBatch; ++i)
-        if (w0 + i < total) s += v[i];
+        for (int i = 0; i < kSumBatch; ++i)
+          if (w0 + i < total) s += v[i];
+      }
+    } else {
+      s = partials[j];
+#pragma unroll 8
+      for (int w = 1; w < total; ++w) s += partials[w * kPartial + j];
     }
     y_tile[token * kRows + row] = __float2bfloat16_rn(s);
     last = s;
@@ -138,7 +148,7 @@ __device__ __forceinline__ void store_y_tile(const GemmArgs& args, uint32_t stag
 template <int kNt, bool SWIZZLE, int kRows, int kPartial>
 __device__ __forceinline__ void sum_partials_and_store(const GemmArgs& args, uint32_t stage, const float* partials,
                                                        int total, __nv_bfloat16* y_tile, int feature0) {
-  sum_partials<kNt, SWIZZLE, kRows, kPartial>(args, partials, total, y_tile);
+  sum_partials<kNt, SWIZZLE, kRows, kPartial, false>(args, partials, total, y_tile);
   store_y_tile<kRows>(args, stage, y_tile, feature0);
 }
 

@@ -240,7 +240,7 @@ __global__ void __launch_bounds__(onchip::max_threads(R))
 
   // Partials in K order (fragment layout: nt, lane (g, t), register i).
   [[maybe_unused]] const float summed =
-      sum_partials<kNt, false, kRows, kPartial>(args, partials, splits * warps, y_tile);
+      sum_partials<kNt, false, kRows, kPartial, true>(args, partials, splits * warps, y_tile);
   SPARK_TRACE_MARK(5, __float_as_uint(summed));  // thread 0 has summed its elements
   store_y_tile<kRows>(args, stage, y_tile, feature0);
 }

@@ -17,7 +17,7 @@ over the steady-state launches, the mean of each step of the chain:
   cta:start, cta:markN, cta:end = within each CTA, its entry, its point N
            (or its end) - its own wait return (negative: before it), averaged
            over the CTAs that record it
-  r0:...   = the same over the CTAs that record mark 1 (the on-chip engine's
+  r0:...   = the same over the on-chip engine's CTAs that record mark 1 (its
            cluster rank 0, which sums and stores)
   last:markN, last:end = the same for the CTA that ends last in its launch
 Usage: trace_summary.py FILE.csv[.gz] [--skip N] [--show N]
@@ -56,9 +56,10 @@ def per_cta(rows):
 
 
 def timer_step(launches):
-    """The largest step every timestamp is a multiple of, from the first: the
-    resolution %globaltimer showed in this trace (segments shorter than it are
-    means of quantised differences)."""
+    """The largest step that every CTA's start and end stamp is a multiple of,
+    from the earliest: the resolution %globaltimer showed in this trace
+    (segments shorter than it are means of quantised differences; 0 if every
+    stamp is the same)."""
     stamps = [int(r[k]) for l in launches for r in l["rows"] for k in ("start_ns", "end_ns")]
     t0 = min(stamps)
     return math.gcd(*(t - t0 for t in stamps))
@@ -128,7 +129,8 @@ def main():
                         s[f"wait->mark{m}"].append((l["last_mark"][m] - l["last_wait"]) / 1e3)
                 for name, v in per_cta(l["rows"]).items():
                     s[f"cta:{name}"].append(statistics.mean(v))
-                for name, v in per_cta([r for r in l["rows"] if mark_ns(r, 1)]).items():
+                rank0 = [r for r in l["rows"] if r["kernel"] == "onchip_mma" and mark_ns(r, 1)]
+                for name, v in per_cta(rank0).items():
                     s[f"r0:{name}"].append(statistics.mean(v))
                 last = max(l["rows"], key=lambda r: int(r["end_ns"]))
                 for name, v in per_cta([last]).items():

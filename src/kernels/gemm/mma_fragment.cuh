@@ -75,7 +75,7 @@ __device__ __forceinline__ void store_y_vec(const GemmArgs& a, uint32_t stage, i
 }
 
 // The split-K engines' reduction and epilogue (splitk_mma and onchip_mma
-// share it, so their sums are the same by construction), once every warp
+// share its order, so their sums are bit-identical), once every warp
 // partial [kPartial floats, fragment order] of the CTA's kRows rows is in
 // `partials`, `total` of them in K order. Thread j sums element j of every
 // partial in that order (j in the fragment layout), so its shared-memory

@@ -111,7 +111,7 @@ __global__ void __launch_bounds__(onchip::max_threads(R))
   // feature0 + 16 rt + r, into its row of block rt of stage q
   // (onchip_mma_config.h: row_offset). Nothing else
   // happens before the wait (tools/check_sass.py: bulk copies and mbarrier
-  // setup only).
+  // setup only; a trace build adds mark 4's timer read).
   if (threadIdx.x == 0) {
     const uint64_t policy = ptx::l2_policy_evict_first();
     const uint32_t bytes = onchip::row_bytes(width);

@@ -29,7 +29,10 @@ import math
 import statistics
 from collections import defaultdict
 
-MARKS = range(6)  # spark_decode::trace::kMarks
+def marks(row):
+    """The mark indices the file has columns for (spark_decode::trace::kMarks
+    of the build that wrote it)."""
+    return sorted(int(k[4:-3]) for k in row if k.startswith("mark") and k.endswith("_ns"))
 
 
 def mark_ns(row, i):
@@ -46,7 +49,7 @@ def per_cta(rows):
         waited = int(r["waited_ns"])
         if not waited:
             continue
-        for i in MARKS:
+        for i in marks(r):
             t = mark_ns(r, i)
             if t:
                 out[f"mark{i}"].append((t - waited) / 1e3)
@@ -77,13 +80,13 @@ def load(path):
         start = [int(r["start_ns"]) for r in rows]
         end = [int(r["end_ns"]) for r in rows]
         waited = [int(r["waited_ns"]) for r in rows if int(r["waited_ns"])]
-        marks = [[mark_ns(r, i) for r in rows if mark_ns(r, i)] for i in MARKS]
+        stamps = [[mark_ns(r, i) for r in rows if mark_ns(r, i)] for i in marks(rows[0])]
         launches.append({
             "grid": gid, "kernel": rows[0]["kernel"], "ctas": len(rows),
             "starts": sorted(start), "first_start": min(start), "last_start": max(start),
             "first_wait": min(waited) if waited else None, "last_wait": max(waited) if waited else None,
             "first_end": min(end), "last_end": max(end),
-            "last_mark": [max(m) if m else None for m in marks],
+            "last_mark": [max(m) if m else None for m in stamps],
             "rows": rows,
         })
     launches.sort(key=lambda l: (l["first_start"], l["grid"]))
@@ -124,7 +127,7 @@ def main():
             s["span"].append((l["last_end"] - l["first_start"]) / 1e3)
             if l["last_wait"] is not None:
                 s["tail"].append((l["last_end"] - l["last_wait"]) / 1e3)
-                for m in MARKS:
+                for m in range(len(l["last_mark"])):
                     if l["last_mark"][m] is not None:
                         s[f"wait->mark{m}"].append((l["last_mark"][m] - l["last_wait"]) / 1e3)
                 for name, v in per_cta(l["rows"]).items():

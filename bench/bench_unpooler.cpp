@@ -192,18 +192,25 @@ std::string bench_unpooler(const UnpoolerBenchOptions& o) {
                                     weights.copies, o.repeats, stream);
       };
       const double g = time_ours(ours), c = time_ours(ours_pdl);
-      // One replay of each mode's graph traced: the PDL chain, and PDL off,
-      // where no next grid shares the SMs during a call's tail.
-      if (!o.trace.empty())
-        for (auto* u : {&ours_pdl, &ours}) {
+      // One replay of each mode's graph traced: the PDL chain, PDL off (no
+      // next grid shares the SMs during a call's tail) and behind the
+      // stand-in (where the weights still stream when the wait returns).
+      if (!o.trace.empty()) {
+        const auto trace_graph = [&](const char* mode, const std::function<void(int)>& call) {
           int i = 0;
-          cudaGraphExec_t exec =
-              capture_graph(stream, weights.copies, [&] { (*u)[i].run(x.get(), out.get(), m, stream); ++i; });
+          cudaGraphExec_t exec = capture_graph(stream, weights.copies, [&] { call(i++); });
           trace_replay(exec, stream,
-                       o.trace + (u == &ours ? "_unpooler_graph_tp" : "_unpooler_tp") + std::to_string(tp) + "_m" +
-                           std::to_string(m) + ".csv");
+                       o.trace + "_unpooler" + mode + "_tp" + std::to_string(tp) + "_m" + std::to_string(m) + ".csv");
           CUDA_CHECK(cudaGraphExecDestroy(exec));
-        }
+        };
+        trace_graph("", [&](int i) { ours_pdl[i].run(x.get(), out.get(), m, stream); });
+        trace_graph("_graph", [&](int i) { ours[i].run(x.get(), out.get(), m, stream); });
+        if (standin)
+          trace_graph("_after", [&](int i) {
+            standin->enqueue(stream, i);
+            ours_pdl[i].run(x.get(), out.get(), m, stream);
+          });
+      }
       report.records.push_back({"unpooler", "spark", "", "graph", tp, m, n, k, g, floor});
       report.records.push_back({"unpooler", "spark", "", "pdl_chain", tp, m, n, k, c, floor});
       report.records.push_back({"unpooler", "cublas", "", "graph", tp, m, n, k, blas_us, floor});

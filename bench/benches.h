@@ -29,9 +29,11 @@ struct UnpoolerBenchOptions {
   // onchip_tune[_pooler_shapes][_pdl].
   bool onchip = false;
   std::vector<int> stage_warps, onchip_rows;
-  // bench: non-empty: also record one replay of the PDL-chain graph of each
-  // tp at the first m (spark_decode/trace.h; a -DSPARK_DECODE_TRACE=ON
-  // build) into <trace>_unpooler_tp<tp>_m<m>.csv.
+  // bench: non-empty: also record one replay of the table's graphs of each
+  // tp and m (spark_decode/trace.h; a -DSPARK_DECODE_TRACE=ON build): the PDL
+  // chain into <trace>_unpooler_tp<tp>_m<m>.csv, PDL off into
+  // <trace>_unpooler_graph_tp..., behind the stand-in into
+  // <trace>_unpooler_after_tp... (where standin_mib > 0).
   std::string trace;
   // bench: mode after_stream: each call of the table's engine and of the
   // on-chip engine follows a stand-in for the routed experts streaming this

@@ -208,7 +208,7 @@ int main(int argc, char** argv) {
                            "zero-copy publish + gather against plain + publish and cuBLAS + NCCL (--publish-tp GPUs)");
   bench_unpooler->add_option("--publish-tp", publish_tp, "GPUs for --publish");
   bench_unpooler->add_option("--trace", opts.trace,
-                             "path prefix of per-CTA timelines, PDL chain and PDL off, at every m (a -DSPARK_DECODE_TRACE=ON build)");
+                             "path prefix of per-CTA timelines, PDL chain, PDL off and behind the stand-in, at every m (a -DSPARK_DECODE_TRACE=ON build)");
   bench_unpooler->add_option("--standin-mib", opts.standin_mib,
                              "MiB the routed-expert stand-in streams before each call (mode after_stream; 0: off)");
   bench_unpooler->add_option("--standin-smem-kib", opts.standin_smem_kib,

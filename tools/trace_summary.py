@@ -10,6 +10,9 @@ over the steady-state launches, the mean of each step of the chain:
            (what one kernel boundary costs under programmatic dependent launch)
   early  = how many of this grid's CTAs started before the previous grid ended
            (weights streaming during the boundary)
+           (where an untraced kernel runs between two launches, as the
+           experts' stand-in in bench unpooler's _after_ files, lag and early
+           span it: read the per-CTA segments below instead)
   tail   = this grid's last end - its last wait return (its work after release)
   wait->markN = the last CTA's kernel-specific point N - the last wait return
            (consumers: mark0 = ACTIVE arrived, mark1 = the polled data arrived;
